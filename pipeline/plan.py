@@ -1,0 +1,334 @@
+"""The plan: a recipe turned into a DAG of stage runs, each with its key. Pure: no I/O.
+
+Stage runs are shared by key, so work is done once however many targets need it: one
+snapshot per model revision, one quantization per (quant, KV dtype, calibration, export,
+tp, pp), one convert per (tp, pp, dtype), one build per (GPU, shape, flags, checkpoint).
+"Is this key already built?" is the only question the plan asks the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.keys import short_key, stage_key
+from pipeline.memory import Fit
+from pipeline.recipe import LoadedRecipe, Recipe, TrtllmServe, VllmServe
+from pipeline.settings import Settings
+from pipeline.stages.build import build_argv, build_flags
+from pipeline.stages.convert import convert_argv
+from pipeline.stages.quantize import Export, needs_quantize, quantize_argv
+from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
+from pipeline.targets import Target, plan_targets
+from pipeline.toolchain import BUILDER_IMAGE, Toolchain, key_toolchain
+from registry.canonical import floats_as_strings
+
+# What each stage run produces (DESIGN §1 profile kinds and intermediates).
+KIND_HF = "hf-checkpoint"
+KIND_QUANTIZED = "quantized-checkpoint"
+KIND_CONVERTED = "converted-checkpoint"
+KIND_ENGINE = "trtllm-engine"
+KIND_TRTLLM_CHECKPOINT = "trtllm-checkpoint"
+KIND_VLLM = "vllm"
+KIND_SMOKE = "smoke-report"
+ENTRY_KINDS = {"trtllm": KIND_ENGINE, "trtllm-pytorch": KIND_TRTLLM_CHECKPOINT, "vllm": KIND_VLLM}
+
+
+@dataclass
+class StageRun:
+    stage: str
+    key: str
+    kind: str
+    params: dict[str, Any]
+    inputs: list[str]
+    toolchain: dict[str, Any]
+    workdir: Path
+    argv: list[str] | None = None
+    gpu: str | None = None  # the GPU SKU this run must execute on, if any
+    targets: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "key": self.key,
+            "kind": self.kind,
+            "inputs": self.inputs,
+            "params": self.params,
+            "toolchain": self.toolchain,
+            "gpu": self.gpu,
+            "workdir": str(self.workdir),
+            "argv": self.argv,
+            "targets": self.targets,
+        }
+
+
+@dataclass
+class PlannedTarget:
+    target: Target
+    fit: Fit
+    chain: list[str]  # stage keys, source first
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.target.as_dict(),
+            "memory": {
+                "fits": self.fit.fits,
+                "needed_bytes": self.fit.needed_bytes,
+                "capacity_bytes": self.fit.capacity_bytes,
+                "weights_bytes": self.fit.weights_bytes,
+                "kv_cache_bytes": self.fit.kv_bytes,
+                "margin_bytes": self.fit.margin_bytes,
+                "max_batch_size_that_fits": self.fit.max_batch_size,
+            },
+            "stages": self.chain,
+        }
+
+
+@dataclass
+class Plan:
+    loaded: LoadedRecipe
+    toolchain: Toolchain
+    targets: list[PlannedTarget]
+    stages: dict[str, StageRun]  # by key, in an order where inputs come first
+
+    def is_shared(self, key: str) -> bool:
+        return len(self.stages[key].targets) > 1
+
+    def as_dict(self, built: Callable[[str], bool] = lambda _key: False) -> dict[str, Any]:
+        recipe = self.loaded.recipe
+        return {
+            "recipe": {
+                "name": recipe.display_name,
+                "path": str(self.loaded.path),
+                "digest": self.loaded.digest,
+                "model": recipe.model.name,
+                "source": recipe.model.source,
+                "revision": recipe.model.revision,
+                "toolchain": self.toolchain.as_dict(),
+            },
+            "targets": [t.as_dict() for t in self.targets],
+            "stages": [
+                {**run.as_dict(), "built": built(run.key)} for run in self.stages.values()
+            ],
+        }
+
+    def commands(self) -> list[list[str]]:
+        return [run.argv for run in self.stages.values() if run.argv is not None]
+
+
+class _Planner:
+    def __init__(self, loaded: LoadedRecipe, settings: Settings, toolchain: Toolchain) -> None:
+        self.loaded = loaded
+        self.recipe: Recipe = loaded.recipe
+        self.settings = settings
+        self.toolchain = toolchain
+        self.rebuild_on = tuple(self.recipe.toolchain.rebuild_on)
+        self.stages: dict[str, StageRun] = {}
+
+    def add(
+        self,
+        target: Target,
+        stage: str,
+        *,
+        kind: str,
+        params: Mapping[str, Any],
+        inputs: list[str],
+        toolchain: Toolchain,
+        toolchain_stage: str,
+        argv: Callable[[Path], list[str] | None],
+        gpu: str | None = None,
+    ) -> str:
+        params = floats_as_strings(dict(params))
+        fingerprint = key_toolchain(toolchain, toolchain_stage, self.rebuild_on)
+        key = stage_key(stage, params, inputs, fingerprint)
+        run = self.stages.get(key)
+        if run is None:
+            workdir = self.settings.work_dir / f"{stage}-{short_key(key)}"
+            run = StageRun(stage, key, kind, dict(params), sorted(inputs), fingerprint, workdir,
+                           argv(workdir), gpu)
+            self.stages[key] = run
+        if target.id not in run.targets:
+            run.targets.append(target.id)
+        return key
+
+    def dir_of(self, key: str) -> Path:
+        return self.stages[key].workdir
+
+    def snapshot(self, target: Target) -> str:
+        model = self.recipe.model
+        if model.is_local:
+            params: dict[str, Any] = {"source": "local", "content": self.loaded.source_digest}
+        else:
+            params = {"source": model.source, "revision": model.revision}
+        return self.add(
+            target, "snapshot", kind=KIND_HF, params=params, inputs=[],
+            toolchain=self.toolchain, toolchain_stage="snapshot", argv=lambda _dir: None,
+        )
+
+    def quantize(self, target: Target, source: str, export: Export) -> str:
+        recipe, quant = self.recipe, target.quant
+        calibration = recipe.quantize.calibration
+        calib_identity = (
+            {"file": calibration.digest} if calibration.file else {"dataset": calibration.dataset}
+        )
+        params: dict[str, Any] = {
+            "quant": quant,
+            "kv_cache_dtype": target.kv_cache_dtype,
+            "dtype": recipe.model.dtype,
+            "calibration": {
+                **calib_identity,
+                "samples": calibration.samples,
+                "seq_len": calibration.seq_len,
+                "batch_size": calibration.batch_size,
+            },
+            "export": export,
+        }
+        if quant in ("int4_awq", "w4a8_awq"):
+            params["awq_block_size"] = recipe.quantize.awq_block_size
+        if export == "trtllm":
+            params |= {"tp": target.tp, "pp": target.pp}
+        return self.add(
+            target, "quantize", kind=KIND_QUANTIZED, params=params, inputs=[source],
+            toolchain=self.toolchain, toolchain_stage="quantize",
+            argv=lambda out: quantize_argv(
+                self.settings.python,
+                model_dir=self.dir_of(source),
+                output_dir=out,
+                dtype=recipe.model.dtype,
+                quant=quant,
+                kv_cache_dtype=target.kv_cache_dtype,
+                calibration=calibration,
+                calib_path=self.loaded.calibration_file,
+                awq_block_size=recipe.quantize.awq_block_size,
+                export=export,
+                tp=target.tp,
+                pp=target.pp,
+            ),
+        )
+
+    def convert(self, target: Target, source: str) -> str:
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}[target.quant]
+        family = self.loaded.architecture.family
+        params = {"dtype": dtype, "tp": target.tp, "pp": target.pp, "family": family}
+        return self.add(
+            target, "convert", kind=KIND_CONVERTED, params=params, inputs=[source],
+            toolchain=self.toolchain, toolchain_stage="convert",
+            argv=lambda out: convert_argv(
+                self.settings.python,
+                self.settings.trtllm_examples,
+                family=family,
+                model_dir=self.dir_of(source),
+                output_dir=out,
+                dtype=dtype,
+                tp=target.tp,
+                pp=target.pp,
+                workers=self.recipe.build.workers,
+            ),
+        )
+
+    def chain(self, target: Target) -> list[str]:
+        recipe = self.recipe
+        on_gpu = self.toolchain.on(target.gpu)
+        keys = [self.snapshot(target)]
+        wants_quantize = needs_quantize(target.quant, target.kv_cache_dtype)
+        serve_args: dict[str, Any]
+        if target.runtime == "trtllm":
+            checkpoint = (
+                self.quantize(target, keys[0], "trtllm")
+                if wants_quantize
+                else self.convert(target, keys[0])
+            )
+            keys.append(checkpoint)
+            flags = build_flags(recipe.build, target.shape, target.quant, target.kv_cache_dtype)
+            entry = self.add(
+                target, "build", kind=KIND_ENGINE, params={"runtime": "trtllm", "flags": flags},
+                inputs=[checkpoint], toolchain=on_gpu, toolchain_stage="build:trtllm",
+                argv=lambda out: build_argv(
+                    checkpoint_dir=self.dir_of(checkpoint), output_dir=out, flags=flags,
+                    workers=recipe.build.workers,
+                ),
+                gpu=target.gpu.sku,
+            )
+            serve = recipe.serve.trtllm or TrtllmServe()
+            serve_args = serve.model_dump()
+            engine_dir = self.dir_of(entry)
+            smoke_argv = trtllm_serve_argv(
+                model_dir=engine_dir, tokenizer_dir=engine_dir, backend="tensorrt",
+                tp=target.tp, pp=target.pp, shape=target.shape, settings=serve,
+            )
+        elif target.runtime == "trtllm-pytorch":
+            checkpoint = self.quantize(target, keys[0], "hf") if wants_quantize else keys[0]
+            if checkpoint != keys[0]:
+                keys.append(checkpoint)
+            serve = recipe.serve.trtllm_pytorch or TrtllmServe()
+            serve_args = serve.model_dump()
+            smoke_argv = trtllm_serve_argv(
+                model_dir=self.dir_of(checkpoint), tokenizer_dir=None, backend="pytorch",
+                tp=target.tp, pp=target.pp, shape=target.shape, settings=serve,
+            )
+            entry = self._entry(target, checkpoint, serve_args)
+        else:
+            vllm = recipe.serve.vllm or VllmServe()
+            prequantized = target.quant == "nvfp4" or (
+                target.quant == "fp8" and vllm.quantization == "checkpoint"
+            )
+            checkpoint = self.quantize(target, keys[0], "hf") if prequantized else keys[0]
+            if checkpoint != keys[0]:
+                keys.append(checkpoint)
+            serve_args = vllm.model_dump()
+            smoke_argv = vllm_argv(
+                self.settings.vllm_python, model_dir=self.dir_of(checkpoint),
+                served_name=recipe.model.name, dtype=recipe.model.dtype, quant=target.quant,
+                kv_cache_dtype=target.kv_cache_dtype, prequantized=prequantized,
+                tp=target.tp, pp=target.pp, shape=target.shape, settings=vllm,
+            )
+            entry = self._entry(target, checkpoint, serve_args)
+        keys.append(entry)
+        smoke = recipe.smoke
+        smoke_params = {
+            "runtime": target.runtime,
+            "prompts": smoke.prompts,
+            "max_tokens": smoke.max_tokens,
+            "concurrency": smoke.concurrency,
+            "requests": smoke.requests,
+        }
+        keys.append(
+            self.add(
+                target, "smoke", kind=KIND_SMOKE, params=smoke_params, inputs=[entry],
+                toolchain=on_gpu, toolchain_stage=f"smoke:{target.runtime}",
+                argv=lambda _dir: smoke_argv, gpu=target.gpu.sku,
+            )
+        )
+        return keys
+
+    def _entry(self, target: Target, checkpoint: str, serve_args: dict[str, Any]) -> str:
+        """A no-build entry: the validated runtime configuration, stored as an artifact."""
+        params = {
+            "runtime": target.runtime,
+            "tp": target.tp,
+            "pp": target.pp,
+            "quant": target.quant,
+            "kv_cache_dtype": target.kv_cache_dtype,
+            "shape": target.shape.model_dump(exclude={"name"}),
+            "serve": serve_args,
+        }
+        return self.add(
+            target, "build", kind=ENTRY_KINDS[target.runtime], params=params, inputs=[checkpoint],
+            toolchain=self.toolchain, toolchain_stage=f"build:{target.runtime}",
+            argv=lambda _dir: None,
+        )
+
+
+def plan_recipe(
+    loaded: LoadedRecipe, settings: Settings, toolchain: Toolchain | None = None
+) -> Plan:
+    """Expand, check and key every target of *loaded*; raise PlanError on the first that
+    cannot work."""
+    base = (toolchain or BUILDER_IMAGE).pinned(loaded.recipe.toolchain)
+    planner = _Planner(loaded, settings, base)
+    planned = [
+        PlannedTarget(target, fit, planner.chain(target)) for target, fit in plan_targets(loaded)
+    ]
+    return Plan(loaded, base, planned, planner.stages)

@@ -1,0 +1,626 @@
+"""The recipe: one model, a matrix of targets, and the settings of each stage.
+
+`load_recipe` is the one reader. It turns YAML syntax errors, duplicate keys and
+`pydantic.ValidationError`s into a `RecipeError` naming the file, the field path, the YAML
+line and the bad value, with a "did you mean" for misspelt keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from pipeline.errors import RecipeError
+from pipeline.gpus import UnknownGpuError, lookup_gpu
+from registry.canonical import floats_as_strings
+from registry.digest import sha256_of, sha256_of_json, tree_digest
+
+Quant = Literal["bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4"]
+KvCacheDtype = Literal["auto", "fp8", "int8"]
+Runtime = Literal["trtllm", "trtllm-pytorch", "vllm"]
+ModelDtype = Literal["bfloat16", "float16"]
+ToolchainField = Literal[
+    "driver", "cuda", "tensorrt", "trtllm", "image", "modelopt", "torch", "transformers", "vllm"
+]
+TOOLCHAIN_FIELDS: tuple[ToolchainField, ...] = (
+    "driver", "cuda", "tensorrt", "trtllm", "image", "modelopt", "torch", "transformers", "vllm"
+)
+
+QUANTS: tuple[Quant, ...] = ("bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4")
+RUNTIMES: tuple[Runtime, ...] = ("trtllm", "trtllm-pytorch", "vllm")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def _as_list(value: Any) -> Any:
+    """Matrix axes accept a scalar as a one-element list: `tp: 8` means `tp: [8]`."""
+    return value if isinstance(value, list) else [value]
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    seen: set[str] = set()
+    for value in values:
+        marker = json.dumps(value, sort_keys=True, default=str)
+        if marker in seen:
+            raise ValueError(f"duplicate value {value!r}")
+        seen.add(marker)
+    return values
+
+
+def _gpu_name(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return lookup_gpu(value).sku
+        except UnknownGpuError as exc:
+            raise ValueError(str(exc)) from exc
+    return value
+
+
+GpuName = Annotated[str, BeforeValidator(_gpu_name)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class Architecture(_Model):
+    """What the memory math needs. Read from config.json for local sources."""
+
+    family: str = "llama"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Architecture:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        return self
+
+
+class ModelSpec(_Model):
+    name: str
+    source: str
+    revision: str | None = None
+    dtype: ModelDtype = "bfloat16"
+    architecture: Architecture | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a name (lowercase letters, digits, '.', '_', '-')")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, value: str) -> str:
+        if value.startswith("hf://"):
+            if not re.fullmatch(r"hf://[\w.-]+/[\w.-]+", value):
+                raise ValueError(f"{value!r} is not hf://org/repo")
+        elif value.startswith("s3://"):
+            if not re.fullmatch(r"s3://[a-z0-9.-]{3,63}(/.*)?", value):
+                raise ValueError(f"{value!r} is not s3://bucket/prefix")
+        elif "://" in value and not value.startswith("file://"):
+            raise ValueError(f"{value!r}: use hf://org/repo, s3://bucket/prefix or a local path")
+        return value
+
+    @model_validator(mode="after")
+    def _pinned(self) -> ModelSpec:
+        if self.source.startswith("hf://"):
+            if self.revision is None:
+                raise ValueError(
+                    f"source {self.source!r} needs 'revision': the 40-hex commit to build from"
+                )
+            if not _COMMIT.match(self.revision):
+                raise ValueError(
+                    f"revision {self.revision!r} is not a 40-hex commit; "
+                    "pin the commit, not a branch"
+                )
+        elif self.source.startswith("s3://") and not self.revision:
+            raise ValueError(f"source {self.source!r} needs 'revision' (a version you pin)")
+        return self
+
+    @property
+    def is_local(self) -> bool:
+        return not self.source.startswith(("hf://", "s3://"))
+
+
+class Shape(_Model):
+    name: str | None = None
+    max_batch_size: int = Field(gt=0)
+    max_input_len: int = Field(gt=0)
+    max_seq_len: int = Field(gt=0)
+    max_num_tokens: int | None = Field(default=None, gt=0)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"b{self.max_batch_size}-i{self.max_input_len}-s{self.max_seq_len}"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Shape:
+        if self.max_input_len > self.max_seq_len:
+            raise ValueError(
+                f"max_input_len {self.max_input_len} > max_seq_len {self.max_seq_len}; "
+                "the prompt must leave room to generate"
+            )
+        if self.max_num_tokens is not None and self.max_num_tokens > (
+            self.max_batch_size * self.max_seq_len
+        ):
+            raise ValueError(
+                f"max_num_tokens {self.max_num_tokens} exceeds max_batch_size × max_seq_len "
+                f"({self.max_batch_size * self.max_seq_len})"
+            )
+        if self.name is not None and not _NAME.match(self.name):
+            raise ValueError(f"shape name {self.name!r} is not a name")
+        return self
+
+
+class MatrixFilter(_Model):
+    """An `exclude` or `include` entry: each axis a value or a list of values."""
+
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list)] | None = None
+    tp: Annotated[list[int], BeforeValidator(_as_list)] | None = None
+    pp: Annotated[list[int], BeforeValidator(_as_list)] | None = None
+    quant: Annotated[list[Quant], BeforeValidator(_as_list)] | None = None
+    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list)] | None = None
+    shape: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    runtime: Annotated[list[Runtime], BeforeValidator(_as_list)] | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> MatrixFilter:
+        if not self.model_fields_set:
+            raise ValueError("an empty entry matches everything; name at least one axis")
+        return self
+
+
+class Matrix(_Model):
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)]
+    tp: Annotated[list[Annotated[int, Field(gt=0)]], BeforeValidator(_as_list)] = [1]
+    pp: Annotated[list[Annotated[int, Field(gt=0)]], BeforeValidator(_as_list)] = [1]
+    quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] = ["bf16"]
+    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list)] = ["auto"]
+    shape: Annotated[list[Shape], BeforeValidator(_as_list), Field(min_length=1)]
+    exclude: list[MatrixFilter] = []
+    include: list[MatrixFilter] = []
+
+    @field_validator("gpu", "tp", "pp", "quant", "kv_cache_dtype")
+    @classmethod
+    def _no_repeats(cls, values: list[Any]) -> list[Any]:
+        return _unique(values)
+
+    @field_validator("tp", "pp")
+    @classmethod
+    def _power_of_two(cls, values: list[int]) -> list[int]:
+        for value in values:
+            if value & (value - 1):
+                raise ValueError(f"{value} is not a power of two")
+        return values
+
+    @field_validator("shape")
+    @classmethod
+    def _unique_shapes(cls, shapes: list[Shape]) -> list[Shape]:
+        labels = [s.label for s in shapes]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two shapes are named {label!r}")
+        return shapes
+
+
+class Calibration(_Model):
+    dataset: str | None = None
+    file: str | None = None
+    digest: str | None = None
+    samples: int = Field(default=512, gt=0)
+    seq_len: int = Field(default=512, gt=0)
+    batch_size: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Calibration:
+        if (self.dataset is None) == (self.file is None):
+            raise ValueError("give exactly one of 'dataset' (a named dataset) or 'file'")
+        if self.file is not None and self.digest is None:
+            raise ValueError(f"file {self.file!r} needs 'digest' (sha256:<hex> of its bytes)")
+        if self.digest is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", self.digest):
+            raise ValueError(f"digest {self.digest!r} is not sha256:<64 hex>")
+        return self
+
+
+class QuantizeSettings(_Model):
+    calibration: Calibration = Calibration(dataset="cnn_dailymail")
+    awq_block_size: Literal[64, 128] = 128
+    timeout_s: int = Field(default=4 * 3600, gt=0)
+
+
+OnOff = Literal["enable", "disable"]
+
+
+class BuildSettings(_Model):
+    """trtllm-build settings; defaults are what TRT-LLM users run today."""
+
+    gemm_plugin: Literal["auto", "disable", "float16", "bfloat16", "fp8"] = "auto"
+    gpt_attention_plugin: Literal["auto", "float16", "bfloat16"] = "auto"
+    use_paged_context_fmha: OnOff = "enable"
+    use_fp8_context_fmha: Literal["auto", "enable", "disable"] = "auto"
+    multiple_profiles: OnOff = "enable"
+    reduce_fusion: OnOff = "disable"
+    remove_input_padding: OnOff = "enable"
+    max_beam_width: int = Field(default=1, gt=0)
+    workers: int = Field(default=1, gt=0)
+    timeout_s: int = Field(default=4 * 3600, gt=0)
+
+
+class TrtllmServe(_Model):
+    kv_cache_free_gpu_memory_fraction: float = Field(default=0.9, gt=0, le=1)
+
+
+class VllmServe(_Model):
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    enforce_eager: bool = False
+    quantization: Literal["auto", "online", "checkpoint"] = "auto"
+
+
+class ServeSettings(_Model):
+    trtllm: TrtllmServe | None = None
+    trtllm_pytorch: TrtllmServe | None = Field(default=None, alias="trtllm-pytorch")
+    vllm: VllmServe | None = None
+
+    @model_validator(mode="after")
+    def _some_runtime(self) -> ServeSettings:
+        if not self.model_fields_set:
+            raise ValueError("name at least one runtime: trtllm, trtllm-pytorch or vllm")
+        return self
+
+    @property
+    def runtimes(self) -> list[Runtime]:
+        chosen: list[Runtime] = []
+        if self.trtllm is not None:
+            chosen.append("trtllm")
+        if self.trtllm_pytorch is not None:
+            chosen.append("trtllm-pytorch")
+        if self.vllm is not None:
+            chosen.append("vllm")
+        return chosen
+
+
+class SmokeSettings(_Model):
+    prompts: list[str] = Field(
+        default=["The capital of France is", "Write a haiku about GPUs."], min_length=1
+    )
+    max_tokens: int = Field(default=32, gt=0)
+    concurrency: Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=1)] = [1, 4, 16]
+    requests: int = Field(default=32, gt=0)
+    ready_timeout_s: int = Field(default=900, gt=0)
+    request_timeout_s: int = Field(default=120, gt=0)
+    gpu_price_per_hour: dict[GpuName, float] = {}
+
+    @field_validator("gpu_price_per_hour")
+    @classmethod
+    def _non_negative(cls, prices: dict[str, float]) -> dict[str, float]:
+        for gpu, price in prices.items():
+            if price < 0:
+                raise ValueError(f"price for {gpu} is negative: {price}")
+        return prices
+
+
+class ToolchainPins(_Model):
+    """The toolchain a recipe expects its builders to have; unset parts use the builder image."""
+
+    trtllm: str | None = None
+    tensorrt: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    modelopt: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    vllm: str | None = None
+    image: str | None = None
+    rebuild_on: list[ToolchainField] = list(TOOLCHAIN_FIELDS)
+
+    @field_validator("rebuild_on")
+    @classmethod
+    def _no_repeats(cls, values: list[str]) -> list[str]:
+        return _unique(values)
+
+
+class Recipe(_Model):
+    name: str | None = None
+    model: ModelSpec
+    matrix: Matrix
+    quantize: QuantizeSettings = QuantizeSettings()
+    build: BuildSettings = BuildSettings()
+    serve: ServeSettings = ServeSettings(trtllm=TrtllmServe())
+    smoke: SmokeSettings = SmokeSettings()
+    toolchain: ToolchainPins = ToolchainPins()
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.model.name
+
+
+# ---- the reader -----------------------------------------------------------------------------
+
+
+class LoadedRecipe(BaseModel):
+    """A validated recipe plus where it came from and what the checkpoint says about itself."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    path: Path
+    text: str
+    recipe: Recipe
+    architecture: Architecture
+    source_digest: str | None  # content of a local source directory
+    calibration_file: Path | None  # the calibration file, resolved and digest-checked
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def digest(self) -> str:
+        """Identity of what the recipe says, not how it is written (comments, key order)."""
+        return str(sha256_of_json(floats_as_strings(self.recipe.model_dump(mode="json"))))
+
+
+def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _reject_duplicate_keys(path, node, ())
+        return loader.construct_document(node), node
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else None
+        raise RecipeError(path, f"YAML syntax error: {exc.problem}", line=line) from exc
+    except yaml.YAMLError as exc:
+        raise RecipeError(path, f"YAML error: {exc}") from exc
+    finally:
+        loader.dispose()
+
+
+def _reject_duplicate_keys(path: Path, node: yaml.Node, loc: tuple[str, ...]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            if key in seen:
+                field = ".".join((*loc, key))
+                raise RecipeError(
+                    path, f"duplicate key {key!r}", field=field, line=key_node.start_mark.line + 1
+                )
+            seen.add(key)
+            _reject_duplicate_keys(path, value_node, (*loc, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _reject_duplicate_keys(path, item, (*loc, str(index)))
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """The YAML line of the deepest node along *loc* (1-based), or None."""
+    line = None if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((kv for kv in node.value if str(kv[0].value) == str(part)), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed at *loc* (for "did you mean"), walking the pydantic models."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or not _is_model(current):
+            continue
+        field = current.model_fields.get(part) or next(
+            (f for f in current.model_fields.values() if f.alias == part), None
+        )
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    if _is_model(current):
+        return [f.alias or name for name, f in current.model_fields.items()]
+    return []
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _explain(path: Path, node: yaml.Node | None, exc: ValidationError) -> RecipeError:
+    error = exc.errors()[0]
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent, key = loc[:-1], str(loc[-1])
+        close = difflib.get_close_matches(key, _known_keys(Recipe, parent), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return RecipeError(
+            path, f"unknown key {key!r}{hint}", field=_field_path(loc), line=_line_of(node, loc)
+        )
+    if kind == "missing":
+        return RecipeError(
+            path, "required field is missing", field=_field_path(loc), line=_line_of(node, loc[:-1])
+        )
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    if kind.endswith("_type") or kind.startswith(("literal", "greater", "less", "too_")):
+        message = f"{message} (got {value!r})"
+    return RecipeError(path, message, field=_field_path(loc), line=_line_of(node, loc))
+
+
+def read_config_architecture(model_dir: Path) -> Architecture:
+    """Architecture facts from a Hugging Face config.json."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    text_config = config.get("text_config", config)
+    architectures = config.get("architectures") or ["LlamaForCausalLM"]
+    family = re.sub(r"For(CausalLM|ConditionalGeneration)$", "", architectures[0]).lower()
+    heads = text_config["num_attention_heads"]
+    return Architecture(
+        family=family,
+        num_layers=text_config["num_hidden_layers"],
+        hidden_size=text_config["hidden_size"],
+        intermediate_size=text_config["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=text_config.get("num_key_value_heads") or heads,
+        vocab_size=text_config["vocab_size"],
+        head_dim=text_config.get("head_dim"),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=text_config.get("max_position_embeddings"),
+    )
+
+
+def local_source_dir(recipe: Recipe, base_dir: Path) -> Path:
+    raw = recipe.model.source.removeprefix("file://")
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else (base_dir / path)
+
+
+def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
+    declared = recipe.model.architecture
+    if not recipe.model.is_local:
+        if declared is None:
+            raise RecipeError(
+                path,
+                f"{recipe.model.source!r} is not local, so declare the architecture "
+                "(num_layers, hidden_size, ...) in the recipe",
+                field="model.architecture",
+            )
+        return declared
+    model_dir = local_source_dir(recipe, base_dir)
+    if not (model_dir / "config.json").is_file():
+        raise RecipeError(
+            path,
+            f"local model directory {str(model_dir)!r} has no config.json",
+            field="model.source",
+        )
+    try:
+        found = read_config_architecture(model_dir)
+    except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+        raise RecipeError(
+            path, f"cannot read {model_dir / 'config.json'}: {exc!r}", field="model.source"
+        ) from exc
+    if declared is not None and declared != found:
+        diff = [
+            f"{name}: recipe {getattr(declared, name)!r}, config.json {getattr(found, name)!r}"
+            for name in Architecture.model_fields
+            if getattr(declared, name) != getattr(found, name)
+        ]
+        raise RecipeError(
+            path, f"does not match config.json ({'; '.join(diff)})", field="model.architecture"
+        )
+    return found
+
+
+def parse_recipe(path: Path, text: str) -> LoadedRecipe:
+    """Validate recipe *text* (read from *path*); raise RecipeError on any problem."""
+    data, node = _compose(path, text)
+    if data is None:
+        raise RecipeError(path, "the recipe is empty")
+    if not isinstance(data, dict):
+        raise RecipeError(path, f"a recipe is a mapping, not {type(data).__name__}", line=1)
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(path, node, exc) from exc
+    architecture = _architecture(path, recipe, path.parent)
+    source_digest = None
+    if recipe.model.is_local:
+        try:
+            source_digest = str(tree_digest(local_source_dir(recipe, path.parent)))
+        except (OSError, ValueError) as exc:
+            raise RecipeError(
+                path, f"cannot read the local model: {exc}", field="model.source"
+            ) from exc
+    return LoadedRecipe(
+        path=path,
+        text=text,
+        recipe=recipe,
+        architecture=architecture,
+        source_digest=source_digest,
+        calibration_file=_calibration_file(path, recipe.quantize.calibration),
+    )
+
+
+def _calibration_file(path: Path, calibration: Calibration) -> Path | None:
+    if calibration.file is None:
+        return None
+    file = Path(calibration.file).expanduser()
+    file = file if file.is_absolute() else path.parent / file
+    field = "quantize.calibration.file"
+    try:
+        found = str(sha256_of(file.read_bytes()))
+    except OSError as exc:
+        raise RecipeError(path, f"cannot read {str(file)!r}: {exc.strerror}", field=field) from exc
+    if found != calibration.digest:
+        raise RecipeError(
+            path,
+            f"{str(file)!r} has digest {found}, the recipe says {calibration.digest}",
+            field="quantize.calibration.digest",
+        )
+    return file
+
+
+def load_recipe(path: Path) -> LoadedRecipe:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RecipeError(path, "no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, f"cannot read: {exc}") from exc
+    return parse_recipe(path, text)

@@ -1,0 +1,312 @@
+"""Targets: the matrix expanded (minus `exclude`, plus `include`) and checked.
+
+Every check here is pure and runs before anything is built: a 30-minute build must not be
+the way a user learns that FP8 needs an Ada or Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PlanError, RecipeError
+from pipeline.gpus import GpuSpec, lookup_gpu
+from pipeline.memory import GIB, Fit, memory_fit
+from pipeline.recipe import (
+    Architecture,
+    KvCacheDtype,
+    LoadedRecipe,
+    Matrix,
+    MatrixFilter,
+    Quant,
+    Runtime,
+    Shape,
+)
+
+AXES = ("gpu", "tp", "pp", "quant", "kv_cache_dtype", "shape", "runtime")
+
+# The lowest SM (and the highest, where kernels stop) for each quantization, from
+# TensorRT-LLM's hardware support matrix (docs/source/features/quantization.md) and
+# ModelOpt's: AWQ and SmoothQuant kernels stop at Hopper; see README "Quantization support".
+QUANT_SM: dict[str, tuple[int, int | None]] = {
+    "bf16": (80, None),
+    "fp16": (75, None),
+    "fp8": (89, None),
+    "int8_sq": (80, 90),
+    "int4_awq": (80, 90),
+    "w4a8_awq": (89, 90),
+    "nvfp4": (100, None),
+}
+KV_SM: dict[str, int] = {"auto": 0, "int8": 0, "fp8": 89}
+
+# What each runtime can serve, as (quantizations, KV-cache dtypes).
+RUNTIME_QUANTS: dict[str, frozenset[str]] = {
+    "trtllm": frozenset(QUANT_SM),
+    "trtllm-pytorch": frozenset({"bf16", "fp16", "fp8", "int4_awq", "w4a8_awq", "nvfp4"}),
+    "vllm": frozenset({"bf16", "fp16", "fp8", "nvfp4"}),
+}
+RUNTIME_KV: dict[str, frozenset[str]] = {
+    "trtllm": frozenset({"auto", "fp8", "int8"}),
+    "trtllm-pytorch": frozenset({"auto", "fp8"}),
+    "vllm": frozenset({"auto", "fp8"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    gpu: GpuSpec
+    tp: int
+    pp: int
+    quant: Quant
+    kv_cache_dtype: KvCacheDtype
+    shape: Shape
+    runtime: Runtime
+
+    @property
+    def id(self) -> str:
+        return (
+            f"{self.gpu.sku}/tp{self.tp}/pp{self.pp}/{self.quant}/kv-{self.kv_cache_dtype}/"
+            f"{self.shape.label}/{self.runtime}"
+        )
+
+    def axis(self, name: str) -> Any:
+        if name == "gpu":
+            return self.gpu.sku
+        if name == "shape":
+            return self.shape.label
+        return getattr(self, name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "gpu": self.gpu.sku,
+            "sm": self.gpu.sm,
+            "tp": self.tp,
+            "pp": self.pp,
+            "quant": self.quant,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "shape": self.shape.model_dump(),
+            "runtime": self.runtime,
+        }
+
+
+def _matches(target: Target, entry: MatrixFilter) -> bool:
+    for name in AXES:
+        wanted = getattr(entry, name)
+        if wanted is not None and target.axis(name) not in wanted:
+            return False
+    return True
+
+
+def _product(matrix: Matrix, runtimes: list[Runtime], entry: MatrixFilter | None) -> list[Target]:
+    shapes = {s.label: s for s in matrix.shape}
+
+    def pick(name: str, default: list[Any]) -> list[Any]:
+        chosen = getattr(entry, name) if entry is not None else None
+        return default if chosen is None else chosen
+
+    shape_labels = pick("shape", list(shapes))
+    return [
+        Target(lookup_gpu(g), tp, pp, q, kv, shapes[s], r)
+        for g, tp, pp, q, kv, s, r in itertools.product(
+            pick("gpu", matrix.gpu),
+            pick("tp", matrix.tp),
+            pick("pp", matrix.pp),
+            pick("quant", matrix.quant),
+            pick("kv_cache_dtype", matrix.kv_cache_dtype),
+            shape_labels,
+            pick("runtime", runtimes),
+        )
+    ]
+
+
+def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
+    """The matrix product minus `exclude`, plus `include`, in recipe order."""
+    recipe, path = loaded.recipe, loaded.path
+    matrix, runtimes = recipe.matrix, recipe.serve.runtimes
+    shape_names = {s.label for s in matrix.shape}
+    for section in ("exclude", "include"):
+        for index, entry in enumerate(getattr(matrix, section)):
+            for name in entry.shape or []:
+                if name not in shape_names:
+                    raise RecipeError(
+                        path,
+                        f"no shape named {name!r} (shapes: {', '.join(sorted(shape_names))})",
+                        field=f"matrix.{section}[{index}].shape",
+                    )
+            for runtime in entry.runtime or []:
+                if runtime not in runtimes:
+                    raise RecipeError(
+                        path,
+                        f"runtime {runtime!r} has no 'serve.{runtime}' section",
+                        field=f"matrix.{section}[{index}].runtime",
+                    )
+
+    everything = _product(matrix, runtimes, None)
+    targets = everything
+    for index, entry in enumerate(matrix.exclude):
+        if not any(_matches(t, entry) for t in everything):
+            raise RecipeError(
+                path,
+                "matches no target of the matrix (a typo, or a leftover?)",
+                field=f"matrix.exclude[{index}]",
+            )
+        targets = [t for t in targets if not _matches(t, entry)]
+    seen = {t.id for t in targets}
+    for index, entry in enumerate(matrix.include):
+        for target in _product(matrix, runtimes, entry):
+            if target.id in seen:
+                raise RecipeError(
+                    path,
+                    f"adds {target.id}, which the matrix already has (duplicate target)",
+                    field=f"matrix.include[{index}]",
+                )
+            seen.add(target.id)
+            targets.append(target)
+    if not targets:
+        raise RecipeError(path, "every target is excluded; nothing to plan", field="matrix")
+    return targets
+
+
+def check_target(path: Path, target: Target, arch: Architecture, dtype: str) -> Fit:
+    """Fail fast on what cannot work; return the memory fit of what can."""
+    _check_support(path, target)
+    _check_shape(path, target, arch)
+    return _check_memory(path, target, arch, dtype)
+
+
+def _check_support(path: Path, target: Target) -> None:
+    """The GPU and the runtime can run this quantization and KV-cache dtype."""
+    gpu, quant, kv = target.gpu, target.quant, target.kv_cache_dtype
+    if gpu.is_cpu and (target.runtime != "vllm" or quant not in ("bf16", "fp16") or kv != "auto"):
+        raise PlanError(
+            path,
+            target.id,
+            f"the CPU serves only vllm with bf16/fp16 and kv auto, not {target.runtime} {quant} "
+            f"kv {kv}",
+            "exclude it, or pick a GPU",
+        )
+    low, high = QUANT_SM[quant]
+    if gpu.is_cpu:
+        low = 0
+    if gpu.sm < low or (high is not None and gpu.sm > high):
+        span = f"SM {low}" + (f"-{high}" if high else "+")
+        raise PlanError(
+            path,
+            target.id,
+            f"{quant} needs {span}, {gpu.sku} is SM {gpu.sm}",
+            f"add {{gpu: {gpu.sku}, quant: {quant}}} to matrix.exclude or pick another GPU",
+        )
+    if gpu.sm < KV_SM[kv]:
+        raise PlanError(
+            path,
+            target.id,
+            f"an {kv} KV cache needs SM {KV_SM[kv]}+, {gpu.sku} is SM {gpu.sm}",
+            "use kv_cache_dtype auto or int8 for this GPU",
+        )
+    if quant not in RUNTIME_QUANTS[target.runtime]:
+        raise PlanError(
+            path,
+            target.id,
+            f"{target.runtime} cannot serve {quant}",
+            f"add {{runtime: {target.runtime}, quant: {quant}}} to matrix.exclude",
+        )
+    if kv not in RUNTIME_KV[target.runtime]:
+        raise PlanError(
+            path,
+            target.id,
+            f"{target.runtime} has no {kv} KV cache",
+            f"add {{runtime: {target.runtime}, kv_cache_dtype: {kv}}} to matrix.exclude",
+        )
+
+
+def _check_shape(path: Path, target: Target, arch: Architecture) -> None:
+    """The shape and parallelism suit the model."""
+    if target.shape.max_num_tokens is not None and (
+        target.shape.max_num_tokens < target.shape.max_input_len
+    ):
+        raise PlanError(
+            path,
+            target.id,
+            f"max_num_tokens {target.shape.max_num_tokens} < max_input_len "
+            f"{target.shape.max_input_len} cannot schedule one full prompt",
+            "raise max_num_tokens to at least max_input_len",
+        )
+    if arch.num_attention_heads % target.tp:
+        raise PlanError(
+            path,
+            target.id,
+            f"tp {target.tp} does not divide {arch.num_attention_heads} attention heads",
+            "pick a tp that divides the head count",
+        )
+    if arch.num_layers < target.pp:
+        raise PlanError(
+            path, target.id, f"pp {target.pp} exceeds {arch.num_layers} layers", "lower pp"
+        )
+    if arch.max_position_embeddings and target.shape.max_seq_len > arch.max_position_embeddings:
+        raise PlanError(
+            path,
+            target.id,
+            f"max_seq_len {target.shape.max_seq_len} exceeds the model's "
+            f"max_position_embeddings {arch.max_position_embeddings}",
+            "lower max_seq_len",
+        )
+
+
+def _check_memory(path: Path, target: Target, arch: Architecture, dtype: str) -> Fit:
+    fit = memory_fit(
+        arch,
+        target.gpu,
+        dtype="float16" if dtype == "float16" else "bfloat16",
+        quant=target.quant,
+        kv_cache_dtype=target.kv_cache_dtype,
+        tp=target.tp,
+        pp=target.pp,
+        max_batch_size=target.shape.max_batch_size,
+        max_seq_len=target.shape.max_seq_len,
+    )
+    if not fit.fits:
+        if fit.max_batch_size > 0:
+            fix = (
+                f"max_batch_size {fit.max_batch_size} fits at max_seq_len "
+                f"{target.shape.max_seq_len}; lower it, raise tp, or exclude this target"
+            )
+        else:
+            fix = _what_fits(arch, target, dtype)
+        raise PlanError(
+            path,
+            target.id,
+            f"does not fit: needs {fit.needed_bytes / GIB:.1f} GiB per rank of "
+            f"{fit.capacity_bytes / GIB:.1f} ({fit.summary()})",
+            fix,
+        )
+    return fit
+
+
+def _what_fits(arch: Architecture, target: Target, dtype: str) -> str:
+    for tp in (2, 4, 8, 16):
+        if tp <= target.tp or arch.num_attention_heads % tp:
+            continue
+        fit = memory_fit(
+            arch,
+            target.gpu,
+            dtype="float16" if dtype == "float16" else "bfloat16",
+            quant=target.quant,
+            kv_cache_dtype=target.kv_cache_dtype,
+            tp=tp,
+            pp=target.pp,
+            max_batch_size=target.shape.max_batch_size,
+            max_seq_len=target.shape.max_seq_len,
+        )
+        if fit.fits:
+            return f"the weights alone do not fit; tp {tp} fits, or exclude this target"
+    return "the weights alone do not fit; use more GPUs, a smaller quantization, or exclude it"
+
+
+def plan_targets(loaded: LoadedRecipe) -> list[tuple[Target, Fit]]:
+    return [
+        (t, check_target(loaded.path, t, loaded.architecture, loaded.recipe.model.dtype))
+        for t in expand_matrix(loaded)
+    ]
