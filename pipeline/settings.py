@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from registry.config import data_home
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -28,8 +30,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        xdg = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-        home = Path(env.get("ENGINECTL_HOME") or Path(xdg) / "enginectl").expanduser()
+        home = data_home(env)
         return cls(
             home=home,
             work_dir=Path(env.get("ENGINECTL_WORK_DIR") or home / "work").expanduser(),

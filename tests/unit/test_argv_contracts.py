@@ -1,0 +1,124 @@
+"""Every argv the plan emits is accepted by the real CLI, flag for flag.
+
+The flag tables in tests/data/cli/*.json were read from TensorRT-LLM's and vLLM's own parser
+definitions (each file names the repository, path and commit it came from): trtllm-build's
+`parse_arguments` plus the plugin flags, `convert_checkpoint.py`, `quantize.py`,
+`trtllm-serve`'s click options and vLLM's api_server/EngineArgs parser.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import ROOT, plan_of, recipe_data
+
+CLI = ROOT / "tests" / "data" / "cli"
+
+
+@cache
+def flags_of(tool: str) -> dict[str, Any]:
+    data = json.loads((CLI / f"{tool}.json").read_text(encoding="utf-8"))
+    flags: dict[str, Any] = dict(data["flags"])
+    for spec in list(flags.values()):
+        for alias in spec.get("aliases") or []:
+            flags.setdefault(alias, spec)
+    return flags
+
+
+def tool_of(argv: list[str]) -> tuple[str, list[str]]:
+    """Which CLI an argv is for, and its arguments after the program (and script)."""
+    if argv[0] == "trtllm-build":
+        return "trtllm-build", argv[1:]
+    if argv[0] == "trtllm-serve":
+        return "trtllm-serve", argv[2:]  # MODEL is the positional
+    if argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        return "vllm-api-server", argv[3:]
+    if argv[1:3] == ["-m", "pipeline.quantizer"]:
+        return "trtllm-quantize", argv[3:]
+    if argv[1].endswith("llama/convert_checkpoint.py"):
+        return "trtllm-llama-convert", argv[2:]
+    raise AssertionError(f"unknown program in {shlex.join(argv)}")
+
+
+def check_against(tool: str, args: list[str], extra: dict[str, Any] | None = None) -> None:
+    flags = {**flags_of(tool), **(extra or {})}
+    index = 0
+    seen: set[str] = set()
+    while index < len(args):
+        flag = args[index]
+        assert flag.startswith("--"), f"{tool}: stray value {flag!r} in {args}"
+        assert flag in flags, f"{tool} has no flag {flag}"
+        assert flag not in seen, f"{tool}: {flag} given twice"
+        seen.add(flag)
+        spec = flags[flag]
+        if not spec.get("takes_value", True):
+            index += 1
+            continue
+        assert index + 1 < len(args), f"{tool}: {flag} needs a value"
+        value = args[index + 1]
+        choices = spec.get("choices")
+        if choices:
+            accepted = set(choices) | set(spec.get("value_aliases") or {})
+            assert value in accepted, f"{tool}: {flag} {value!r} not in {sorted(accepted)}"
+        if spec.get("type") == "int":
+            int(value)
+        index += 2
+
+
+# quantize.py's --export_format exists in one of the two versions of the script read; our
+# modelopt driver accepts it (see README, "What is verified how").
+QUANTIZE_EXTRA = json.loads((CLI / "trtllm-quantize.json").read_text())["variant_flags"]
+
+
+@pytest.mark.parametrize("recipe", ["llama70b-h100.yaml", "llama8b-fleet.yaml"])
+def test_every_emitted_argv_matches_its_cli(recipe: str, tmp_path: Path) -> None:
+    plan = plan_of(recipe_data(recipe), tmp_path)
+    tools_seen = set()
+    for argv in plan.commands():
+        tool, args = tool_of([arg.replace("{port}", "8000") for arg in argv])
+        tools_seen.add(tool)
+        check_against(tool, args, QUANTIZE_EXTRA if tool == "trtllm-quantize" else None)
+    assert {"trtllm-build", "trtllm-serve", "trtllm-quantize"} <= tools_seen
+    assert "vllm-api-server" in tools_seen
+
+
+def test_seed_target_build_and_vllm_lines(tmp_path: Path) -> None:
+    plan = plan_of(recipe_data("llama70b-h100.yaml"), tmp_path)
+    lines = [shlex.join(argv) for argv in plan.commands()]
+    build = next(
+        line for line in lines
+        if line.startswith("trtllm-build") and "--max_batch_size 128" in line
+    )
+    assert "--gemm_plugin auto" in build
+    assert "--max_batch_size 128 --max_input_len 2048 --max_seq_len 4096" in build
+    assert "--use_fp8_context_fmha enable" in build
+    vllm = next(
+        line for line in lines if "vllm.entrypoints" in line and "--max-model-len 4096" in line
+    )
+    assert "--tensor-parallel-size 8" in vllm
+    assert "--quantization fp8" in vllm
+    assert "--dtype fp8" not in vllm
+    assert "--kv-cache-dtype fp8" in vllm
+
+
+def test_convert_argv_for_unquantized_targets(tmp_path: Path) -> None:
+    plan = plan_of(recipe_data("llama8b-fleet.yaml"), tmp_path)
+    converts = [argv for argv in plan.commands() if argv[1].endswith("convert_checkpoint.py")]
+    assert len(converts) == 1
+    assert converts[0][1] == "/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py"
+    assert "--tp_size" in converts[0]
+
+
+def test_the_checker_itself_rejects_unknown_flags_and_bad_choices() -> None:
+    with pytest.raises(AssertionError, match="no flag"):
+        check_against("trtllm-build", ["--max_batch", "8"])
+    with pytest.raises(AssertionError, match="not in"):
+        check_against("trtllm-build", ["--gemm_plugin", "fp9"])
+    with pytest.raises(AssertionError, match="no flag"):
+        check_against("vllm-api-server", ["--dtype-fp8", "x"])
