@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from pipeline.gpus import GpuSpec
 from pipeline.recipe import Architecture, KvCacheDtype, ModelDtype, Quant
+from registry.gpus import GpuSpec
 
 GIB: Final = 1 << 30
 MARGIN_FRACTION: Final = 0.05

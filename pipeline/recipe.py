@@ -20,14 +20,15 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from pipeline.errors import RecipeError
-from pipeline.gpus import UnknownGpuError, lookup_gpu
 from registry.canonical import floats_as_strings
 from registry.digest import sha256_of, sha256_of_json, tree_digest
+from registry.gpus import UnknownGpuError, lookup_gpu
 
 Quant = Literal["bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4"]
 KvCacheDtype = Literal["auto", "fp8", "int8"]
@@ -44,6 +45,9 @@ QUANTS: tuple[Quant, ...] = ("bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8
 RUNTIMES: tuple[Runtime, ...] = ("trtllm", "trtllm-pytorch", "vllm")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# Model sizes and shapes are int32 in TensorRT-LLM; the bound also keeps the memory math finite.
+_INT32_MAX = 2**31 - 1
+_GOT_MAX = 80  # characters of a bad value quoted in a message
 
 
 def _as_list(value: Any) -> Any:
@@ -61,6 +65,13 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
+def _power_of_two(values: list[int] | None) -> list[int] | None:
+    for value in values or []:
+        if value & (value - 1):
+            raise ValueError(f"{value} is not a power of two")
+    return values
+
+
 def _gpu_name(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -71,6 +82,8 @@ def _gpu_name(value: Any) -> Any:
 
 
 GpuName = Annotated[str, BeforeValidator(_gpu_name)]
+Count = Annotated[int, Field(gt=0, le=_INT32_MAX)]
+Parallel = Annotated[int, Field(gt=0)]
 
 
 class _Model(BaseModel):
@@ -81,15 +94,15 @@ class Architecture(_Model):
     """What the memory math needs. Read from config.json for local sources."""
 
     family: str = "llama"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    head_dim: int | None = Field(default=None, gt=0)
+    num_layers: Count
+    hidden_size: Count
+    intermediate_size: Count
+    num_attention_heads: Count
+    num_key_value_heads: Count
+    vocab_size: Count
+    head_dim: Count | None = None
     tie_word_embeddings: bool = False
-    max_position_embeddings: int | None = Field(default=None, gt=0)
+    max_position_embeddings: Count | None = None
 
     @property
     def resolved_head_dim(self) -> int:
@@ -102,13 +115,18 @@ class Architecture(_Model):
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
+        if self.resolved_head_dim == 0:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} / num_attention_heads "
+                f"{self.num_attention_heads} leaves no head_dim; set head_dim"
+            )
         return self
 
 
 class ModelSpec(_Model):
     name: str
     source: str
-    revision: str | None = None
+    revision: str | None = Field(default=None, validate_default=True)
     dtype: ModelDtype = "bfloat16"
     architecture: Architecture | None = None
 
@@ -132,21 +150,24 @@ class ModelSpec(_Model):
             raise ValueError(f"{value!r}: use hf://org/repo, s3://bucket/prefix or a local path")
         return value
 
-    @model_validator(mode="after")
-    def _pinned(self) -> ModelSpec:
-        if self.source.startswith("hf://"):
-            if self.revision is None:
+    @field_validator("revision")
+    @classmethod
+    def _pinned(cls, revision: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source")  # absent when the source itself is invalid
+        if not isinstance(source, str):
+            return revision
+        if source.startswith("hf://"):
+            if revision is None:
                 raise ValueError(
-                    f"source {self.source!r} needs 'revision': the 40-hex commit to build from"
+                    f"source {source!r} needs 'revision': the 40-hex commit to build from"
                 )
-            if not _COMMIT.match(self.revision):
+            if not _COMMIT.match(revision):
                 raise ValueError(
-                    f"revision {self.revision!r} is not a 40-hex commit; "
-                    "pin the commit, not a branch"
+                    f"revision {revision!r} is not a 40-hex commit; pin the commit, not a branch"
                 )
-        elif self.source.startswith("s3://") and not self.revision:
-            raise ValueError(f"source {self.source!r} needs 'revision' (a version you pin)")
-        return self
+        elif source.startswith("s3://") and not revision:
+            raise ValueError(f"source {source!r} needs 'revision' (a version you pin)")
+        return revision
 
     @property
     def is_local(self) -> bool:
@@ -155,10 +176,10 @@ class ModelSpec(_Model):
 
 class Shape(_Model):
     name: str | None = None
-    max_batch_size: int = Field(gt=0)
-    max_input_len: int = Field(gt=0)
-    max_seq_len: int = Field(gt=0)
-    max_num_tokens: int | None = Field(default=None, gt=0)
+    max_batch_size: Count
+    max_input_len: Count
+    max_seq_len: Count
+    max_num_tokens: Count | None = None
 
     @property
     def label(self) -> str:
@@ -186,27 +207,41 @@ class Shape(_Model):
 class MatrixFilter(_Model):
     """An `exclude` or `include` entry: each axis a value or a list of values."""
 
-    gpu: Annotated[list[GpuName], BeforeValidator(_as_list)] | None = None
-    tp: Annotated[list[int], BeforeValidator(_as_list)] | None = None
-    pp: Annotated[list[int], BeforeValidator(_as_list)] | None = None
-    quant: Annotated[list[Quant], BeforeValidator(_as_list)] | None = None
-    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list)] | None = None
-    shape: Annotated[list[str], BeforeValidator(_as_list)] | None = None
-    runtime: Annotated[list[Runtime], BeforeValidator(_as_list)] | None = None
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    tp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    pp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    kv_cache_dtype: (
+        Annotated[list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)] | None
+    ) = None
+    shape: Annotated[list[str], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    runtime: Annotated[list[Runtime], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+
+    @field_validator("gpu", "tp", "pp", "quant", "kv_cache_dtype", "shape", "runtime")
+    @classmethod
+    def _no_repeats(cls, values: list[Any] | None) -> list[Any] | None:
+        return None if values is None else _unique(values)
+
+    @field_validator("tp", "pp")
+    @classmethod
+    def _parallel(cls, values: list[int] | None) -> list[int] | None:
+        return _power_of_two(values)
 
     @model_validator(mode="after")
     def _not_empty(self) -> MatrixFilter:
-        if not self.model_fields_set:
+        if all(getattr(self, name) is None for name in type(self).model_fields):
             raise ValueError("an empty entry matches everything; name at least one axis")
         return self
 
 
 class Matrix(_Model):
     gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)]
-    tp: Annotated[list[Annotated[int, Field(gt=0)]], BeforeValidator(_as_list)] = [1]
-    pp: Annotated[list[Annotated[int, Field(gt=0)]], BeforeValidator(_as_list)] = [1]
+    tp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] = [1]
+    pp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] = [1]
     quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] = ["bf16"]
-    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list)] = ["auto"]
+    kv_cache_dtype: Annotated[
+        list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)
+    ] = ["auto"]
     shape: Annotated[list[Shape], BeforeValidator(_as_list), Field(min_length=1)]
     exclude: list[MatrixFilter] = []
     include: list[MatrixFilter] = []
@@ -218,10 +253,8 @@ class Matrix(_Model):
 
     @field_validator("tp", "pp")
     @classmethod
-    def _power_of_two(cls, values: list[int]) -> list[int]:
-        for value in values:
-            if value & (value - 1):
-                raise ValueError(f"{value} is not a power of two")
+    def _parallel(cls, values: list[int]) -> list[int]:
+        _power_of_two(values)
         return values
 
     @field_validator("shape")
@@ -294,6 +327,10 @@ class ServeSettings(_Model):
 
     @model_validator(mode="after")
     def _some_runtime(self) -> ServeSettings:
+        for name in self.model_fields_set:
+            if getattr(self, name) is None:
+                alias = type(self).model_fields[name].alias or name
+                raise ValueError(f"'{alias}' is empty; write '{alias}: {{}}' for its defaults")
         if not self.model_fields_set:
             raise ValueError("name at least one runtime: trtllm, trtllm-pytorch or vllm")
         return self
@@ -390,38 +427,66 @@ class LoadedRecipe(BaseModel):
         return str(sha256_of_json(floats_as_strings(self.recipe.model_dump(mode="json"))))
 
 
+def _one_line(text: object) -> str:
+    """Messages are one line: third-party text (YAML marks, OS errors) may span several."""
+    return " ".join(str(text).split())
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _GOT_MAX else text[: _GOT_MAX - 1] + "…"
+
+
 def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # checks for unprintable characters already
         node = loader.get_single_node()
         if node is None:
             return None, None
-        _reject_duplicate_keys(path, node, ())
+        _reject_duplicate_keys(path, node, (), set())
         return loader.construct_document(node), node
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise RecipeError(path, f"YAML syntax error: {exc.problem}", line=line) from exc
-    except yaml.YAMLError as exc:
-        raise RecipeError(path, f"YAML error: {exc}") from exc
+        context = ""
+        if exc.context:
+            started = f" started at line {exc.context_mark.line + 1}" if exc.context_mark else ""
+            context = f"{exc.context}{started}: "
+        problem = _one_line(f"{context}{exc.problem}")
+        raise RecipeError(path, f"YAML syntax error: {problem}", line=line) from exc
+    except yaml.YAMLError as exc:  # a ReaderError: bytes YAML does not allow
+        raise RecipeError(path, f"YAML error: {_one_line(exc)}") from exc
+    except RecursionError as exc:
+        raise RecipeError(path, "YAML nested too deeply for a recipe") from exc
+    except ValueError as exc:  # a scalar Python cannot hold, e.g. an int of 5000 digits
+        raise RecipeError(path, f"YAML value error: {_one_line(exc)}") from exc
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
-def _reject_duplicate_keys(path: Path, node: yaml.Node, loc: tuple[str, ...]) -> None:
+def _reject_duplicate_keys(
+    path: Path, node: yaml.Node, loc: tuple[int | str, ...], seen_nodes: set[int]
+) -> None:
+    if id(node) in seen_nodes:  # an alias: checked where its anchor is (and may be recursive)
+        return
+    seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
             key = str(key_node.value)
             if key in seen:
-                field = ".".join((*loc, key))
                 raise RecipeError(
-                    path, f"duplicate key {key!r}", field=field, line=key_node.start_mark.line + 1
+                    path,
+                    f"duplicate key {_quote(key)}",
+                    field=_field_path((*loc, key)),
+                    line=key_node.start_mark.line + 1,
                 )
             seen.add(key)
-            _reject_duplicate_keys(path, value_node, (*loc, key))
+            _reject_duplicate_keys(path, value_node, (*loc, key), seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _reject_duplicate_keys(path, item, (*loc, str(index)))
+            _reject_duplicate_keys(path, item, (*loc, index), seen_nodes)
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
@@ -447,7 +512,12 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
 def _field_path(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part == "[key]":  # pydantic's marker for an error in a mapping's key
+            text += " (key)"
+        else:
+            text += f".{part}" if text else str(part)
     return text or "(top level)"
 
 
@@ -482,8 +552,12 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
+_KEY_ERRORS = ("extra_forbidden", "invalid_key")
+
+
 def _explain(path: Path, node: yaml.Node | None, exc: ValidationError) -> RecipeError:
-    error = exc.errors()[0]
+    # A misspelt key comes first: it is what also makes the right key "missing".
+    error = sorted(exc.errors(), key=lambda e: e["type"] not in _KEY_ERRORS)[0]
     loc = tuple(error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -491,23 +565,31 @@ def _explain(path: Path, node: yaml.Node | None, exc: ValidationError) -> Recipe
         close = difflib.get_close_matches(key, _known_keys(Recipe, parent), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return RecipeError(
-            path, f"unknown key {key!r}{hint}", field=_field_path(loc), line=_line_of(node, loc)
+            path, f"unknown key {_quote(key)}{hint}", field=_field_path(loc),
+            line=_line_of(node, loc),
+        )
+    if kind == "invalid_key":
+        return RecipeError(
+            path, f"keys are strings, not {_quote(error.get('input'))}",
+            field=_field_path(loc[:-1]), line=_line_of(node, loc[:-1]),
         )
     if kind == "missing":
         return RecipeError(
             path, "required field is missing", field=_field_path(loc), line=_line_of(node, loc[:-1])
         )
-    message = error["msg"].removeprefix("Value error, ")
+    message = _one_line(error["msg"].removeprefix("Value error, "))
     value = error.get("input")
     if kind.endswith("_type") or kind.startswith(("literal", "greater", "less", "too_")):
-        message = f"{message} (got {value!r})"
+        message = f"{message} (got {_quote(value)})"
     return RecipeError(path, message, field=_field_path(loc), line=_line_of(node, loc))
 
 
 def read_config_architecture(model_dir: Path) -> Architecture:
     """Architecture facts from a Hugging Face config.json."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    text_config = config.get("text_config", config)
+    text_config = config.get("text_config", config) if isinstance(config, dict) else None
+    if not isinstance(text_config, dict):
+        raise TypeError("config.json (or its text_config) is not a JSON object")
     architectures = config.get("architectures") or ["LlamaForCausalLM"]
     family = re.sub(r"For(CausalLM|ConditionalGeneration)$", "", architectures[0]).lower()
     heads = text_config["num_attention_heads"]
@@ -525,10 +607,18 @@ def read_config_architecture(model_dir: Path) -> Architecture:
     )
 
 
-def local_source_dir(recipe: Recipe, base_dir: Path) -> Path:
-    raw = recipe.model.source.removeprefix("file://")
-    path = Path(raw).expanduser()
+def _expand(raw: str, base_dir: Path) -> Path:
+    """*raw* with `~` expanded (where it names a home) and made relative to *base_dir*."""
+    path = Path(raw)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # `~someone` with no such user: left as written, and not found
+        pass
     return path if path.is_absolute() else (base_dir / path)
+
+
+def local_source_dir(recipe: Recipe, base_dir: Path) -> Path:
+    return _expand(recipe.model.source.removeprefix("file://"), base_dir)
 
 
 def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
@@ -549,11 +639,24 @@ def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
             f"local model directory {str(model_dir)!r} has no config.json",
             field="model.source",
         )
+    config = model_dir / "config.json"
     try:
         found = read_config_architecture(model_dir)
-    except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+    except ValidationError as exc:
+        first = exc.errors()[0]
         raise RecipeError(
-            path, f"cannot read {model_dir / 'config.json'}: {exc!r}", field="model.source"
+            path,
+            f"{str(config)!r}: {_field_path(tuple(first['loc']))}: {_one_line(first['msg'])} "
+            f"(got {_quote(first.get('input'))})",
+            field="model.source",
+        ) from exc
+    except KeyError as exc:
+        raise RecipeError(
+            path, f"{str(config)!r} has no {exc.args[0]!r}", field="model.source"
+        ) from exc
+    except (OSError, ValueError, TypeError, IndexError) as exc:
+        raise RecipeError(
+            path, f"cannot read {str(config)!r}: {_one_line(exc)}", field="model.source"
         ) from exc
     if declared is not None and declared != found:
         diff = [
@@ -585,7 +688,7 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
             source_digest = str(tree_digest(local_source_dir(recipe, path.parent)))
         except (OSError, ValueError) as exc:
             raise RecipeError(
-                path, f"cannot read the local model: {exc}", field="model.source"
+                path, f"cannot read the local model: {_one_line(exc)}", field="model.source"
             ) from exc
     return LoadedRecipe(
         path=path,
@@ -600,13 +703,15 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
 def _calibration_file(path: Path, calibration: Calibration) -> Path | None:
     if calibration.file is None:
         return None
-    file = Path(calibration.file).expanduser()
-    file = file if file.is_absolute() else path.parent / file
+    file = _expand(calibration.file, path.parent)
     field = "quantize.calibration.file"
     try:
         found = str(sha256_of(file.read_bytes()))
     except OSError as exc:
-        raise RecipeError(path, f"cannot read {str(file)!r}: {exc.strerror}", field=field) from exc
+        reason = _one_line(exc.strerror or exc)
+        raise RecipeError(path, f"cannot read {str(file)!r}: {reason}", field=field) from exc
+    except ValueError as exc:  # e.g. a NUL byte in the name
+        raise RecipeError(path, f"cannot read {str(file)!r}: {exc}", field=field) from exc
     if found != calibration.digest:
         raise RecipeError(
             path,

@@ -18,23 +18,23 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset()) -> list[str]:
     it is new, shared with other targets, or already built."""
     recipe = plan.loaded.recipe
     revision = f"@{recipe.model.revision[:12]}" if recipe.model.revision else ""
-    lines = [
-        f"{click.style(recipe.display_name, bold=True)}: {recipe.model.name} from "
-        f"{recipe.model.source}{revision}"
-    ]
+    title = click.style(recipe.display_name, bold=True)
+    lines = [f"{title}: {recipe.model.name} from {recipe.model.source}{revision}"]
     for planned in plan.targets:
         target, fit, shape = planned.target, planned.fit, planned.target.shape
         tokens = f", tokens {shape.max_num_tokens}" if shape.max_num_tokens else ""
-        lines += [
-            "",
-            f"{click.style(target.id, bold=True)}  (SM {target.gpu.sm})",
+        shape_line = (
             f"  shape {shape.label}: batch {shape.max_batch_size}, input {shape.max_input_len}, "
-            f"seq {shape.max_seq_len}{tokens}",
+            f"seq {shape.max_seq_len}{tokens}"
+        )
+        memory_line = (
             f"  memory: fits, {fit.needed_bytes / GIB:.1f} of {fit.capacity_bytes / GIB:.1f} GiB "
             f"per rank (weights {fit.weights_bytes / GIB:.1f}, KV {fit.kv_bytes / GIB:.1f}, "
             f"margin {fit.margin_bytes / GIB:.1f}); largest batch at this length "
-            f"{fit.max_batch_size}",
-        ]
+            f"{fit.max_batch_size}"
+        )
+        lines += ["", f"{click.style(target.id, bold=True)}  (SM {target.gpu.sm})", shape_line,
+                  memory_line]
         for key in planned.chain:
             run = plan.stages[key]
             users = len(run.targets)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PlanError, RecipeError
-from pipeline.gpus import GpuSpec, lookup_gpu
 from pipeline.memory import GIB, Fit, memory_fit
 from pipeline.recipe import (
     Architecture,
@@ -24,22 +23,9 @@ from pipeline.recipe import (
     Runtime,
     Shape,
 )
+from registry.gpus import KV_SM, QUANT_SM, GpuSpec, lookup_gpu
 
 AXES = ("gpu", "tp", "pp", "quant", "kv_cache_dtype", "shape", "runtime")
-
-# The lowest SM (and the highest, where kernels stop) for each quantization, from
-# TensorRT-LLM's hardware support matrix (docs/source/features/quantization.md) and
-# ModelOpt's: AWQ and SmoothQuant kernels stop at Hopper; see README "Quantization support".
-QUANT_SM: dict[str, tuple[int, int | None]] = {
-    "bf16": (80, None),
-    "fp16": (75, None),
-    "fp8": (89, None),
-    "int8_sq": (80, 90),
-    "int4_awq": (80, 90),
-    "w4a8_awq": (89, 90),
-    "nvfp4": (100, None),
-}
-KV_SM: dict[str, int] = {"auto": 0, "int8": 0, "fp8": 89}
 
 # What each runtime can serve, as (quantizations, KV-cache dtypes).
 RUNTIME_QUANTS: dict[str, frozenset[str]] = {

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Final
 
-from pipeline.gpus import GpuSpec
 from pipeline.recipe import TOOLCHAIN_FIELDS, ToolchainPins
+from registry.gpus import GpuSpec
 
 
 @dataclass(frozen=True, slots=True)

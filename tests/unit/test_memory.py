@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.gpus import lookup_gpu
 from pipeline.memory import GIB, Fit, memory_fit, parameter_counts
 from pipeline.recipe import Architecture
+from registry.gpus import lookup_gpu
 
 LLAMA_70B = Architecture(
     num_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,

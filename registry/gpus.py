@@ -58,6 +58,28 @@ CATALOG: tuple[GpuSpec, ...] = (
 )
 
 
+# The lowest SM (and the highest, where kernels stop) for each quantization, from
+# TensorRT-LLM's hardware support matrix (docs/source/features/quantization.md) and
+# ModelOpt's: AWQ and SmoothQuant kernels stop at Hopper; see README "Quantization support".
+QUANT_SM: dict[str, tuple[int, int | None]] = {
+    "bf16": (80, None),
+    "fp16": (75, None),
+    "fp8": (89, None),
+    "int8_sq": (80, 90),
+    "int4_awq": (80, 90),
+    "w4a8_awq": (89, 90),
+    "nvfp4": (100, None),
+}
+KV_SM: dict[str, int] = {"auto": 0, "int8": 0, "fp8": 89}
+
+
+
+def quant_supported(quant: str, kv_cache_dtype: str, sm: int) -> bool:
+    """Whether a GPU of SM *sm* has kernels for this quantization and KV-cache dtype."""
+    low, high = QUANT_SM[quant]
+    return low <= sm and (high is None or sm <= high) and sm >= KV_SM[kv_cache_dtype]
+
+
 def _fold(name: str) -> str:
     """Spelling-insensitive form: case, spaces, dashes and underscores do not matter."""
     return re.sub(r"[\s_\-]+", "", name.strip().lower())
