@@ -1,0 +1,219 @@
+"""The `file://` store backend: the layout of `registry.layout` under a local folder.
+
+Writes go to a hidden temp file beside the final name, are fsynced, then `os.replace`d into
+place (and the folder fsynced), so a crash never leaves a partial object under its final
+name; the strict key parser makes every listing skip those temp files. Stored files are
+made read-only. OS errors become `StoreError` with the path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Final
+
+import xxhash
+
+from registry.digest import Digest, sha256_of
+from registry.errors import IntegrityError, NotFoundError, StoreError
+from registry.layout import (
+    BLOBS,
+    MANIFESTS,
+    blob_key,
+    manifest_key,
+    parse_blob_key,
+    parse_manifest_key,
+)
+from registry.store import BlobInfo, Progress
+
+COPY_CHUNK: Final = 4 << 20
+
+
+def _fsync_dir(path: Path) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _atomic_write(final: Path) -> Iterator[IO[bytes]]:
+    """Yield a temp file beside *final*; on success make it read-only and rename it into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temp = final.with_name(f".{final.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        with temp.open("xb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        temp.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        temp.replace(final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(final.parent)
+
+
+def _copy_hashing(source: IO[bytes], dest: IO[bytes], progress: Progress | None) -> Digest:
+    hasher = xxhash.xxh3_128()
+    while chunk := source.read(COPY_CHUNK):
+        hasher.update(chunk)
+        dest.write(chunk)
+        if progress is not None:
+            progress(len(chunk))
+    return Digest("xxh3-128", hasher.hexdigest())
+
+
+class FileStore:
+    """A store rooted at a local folder; created on the first write."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.url!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*key.split("/"))
+
+    @contextmanager
+    def _os_errors(self, operation: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            where = exc.filename if exc.filename is not None else self._path(key)
+            raise StoreError(
+                f"{operation} failed on {where}: {exc.strerror or exc}",
+                url=self.url,
+                key=key,
+                operation=operation,
+            ) from exc
+
+    # blobs
+
+    def has_blob(self, digest: Digest) -> bool:
+        return self._path(blob_key(digest)).is_file()
+
+    def missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
+        return {digest for digest in set(digests) if not self.has_blob(digest)}
+
+    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None) -> None:
+        key = blob_key(digest)
+        final = self._path(key)
+        if final.is_file():
+            return
+        with (
+            self._os_errors("put_blob", key),
+            source.open("rb") as src,
+            _atomic_write(final) as handle,
+        ):
+            actual = _copy_hashing(src, handle, progress)
+            if actual != digest:  # the temp file is removed; nothing lands under the key
+                raise IntegrityError(str(source), expected=digest, actual=actual)
+
+    def get_blob(
+        self,
+        digest: Digest,
+        dest: Path,
+        *,
+        size: int | None = None,  # noqa: ARG002 - a local read needs no plan
+        progress: Progress | None = None,
+    ) -> None:
+        key = blob_key(digest)
+        path = self._path(key)
+        try:
+            with self._os_errors("get_blob", key):
+                try:
+                    src = path.open("rb")
+                except FileNotFoundError as exc:
+                    raise NotFoundError(f"blob {digest}", url=self.url, key=key) from exc
+                with src, dest.open("wb") as out:
+                    actual = _copy_hashing(src, out, progress)
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+        if actual != digest:
+            dest.unlink(missing_ok=True)
+            raise IntegrityError(str(path), expected=digest, actual=actual)
+
+    def iter_blobs(self) -> Iterator[BlobInfo]:
+        for key, entry in self._scan(BLOBS, depth=2):
+            try:
+                digest = parse_blob_key(key)
+                info = entry.stat(follow_symlinks=False)
+            except (ValueError, FileNotFoundError):
+                continue
+            if stat.S_ISREG(info.st_mode):
+                modified = datetime.fromtimestamp(info.st_mtime, UTC)
+                yield BlobInfo(digest=digest, size=info.st_size, modified=modified)
+
+    def delete_blob(self, digest: Digest) -> None:
+        key = blob_key(digest)
+        with self._os_errors("delete_blob", key):
+            self._path(key).unlink(missing_ok=True)
+
+    # manifests
+
+    def has_manifest(self, digest: Digest) -> bool:
+        return self._path(manifest_key(digest)).is_file()
+
+    def put_manifest(self, digest: Digest, data: bytes) -> None:
+        key = manifest_key(digest)
+        final = self._path(key)
+        actual = sha256_of(data)
+        if actual != digest:
+            raise IntegrityError(f"manifest data for {final}", expected=digest, actual=actual)
+        if final.is_file():
+            return
+        with self._os_errors("put_manifest", key), _atomic_write(final) as handle:
+            handle.write(data)
+
+    def get_manifest(self, digest: Digest) -> bytes:
+        key = manifest_key(digest)
+        path = self._path(key)
+        with self._os_errors("get_manifest", key):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError as exc:
+                raise NotFoundError(f"manifest {digest}", url=self.url, key=key) from exc
+        actual = sha256_of(data)
+        if actual != digest:
+            raise IntegrityError(str(path), expected=digest, actual=actual)
+        return data
+
+    def iter_manifests(self) -> Iterator[Digest]:
+        for key, _entry in self._scan(MANIFESTS, depth=1):
+            try:
+                yield parse_manifest_key(key)
+            except ValueError:
+                continue
+
+    def delete_manifest(self, digest: Digest) -> None:
+        key = manifest_key(digest)
+        with self._os_errors("delete_manifest", key):
+            self._path(key).unlink(missing_ok=True)
+
+    # listing
+
+    def _scan(self, prefix: str, *, depth: int) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """(key, entry) for every entry *depth* levels below *prefix*, in key order."""
+        try:
+            with os.scandir(self._path(prefix.rstrip("/"))) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            key = f"{prefix}{entry.name}"
+            if depth == 1:
+                yield key, entry
+            elif entry.is_dir(follow_symlinks=False):
+                yield from self._scan(f"{key}/", depth=depth - 1)

@@ -1,0 +1,200 @@
+"""One S3 bucket over boto3, with every failure translated where it enters.
+
+Transient failures (throttling, 5xx, connection resets) are retried by botocore in "standard"
+mode; a body cut off mid-read is fetched again here. What is left is permanent: a
+`ClientError` becomes `StoreError` naming the operation, the object, the S3 error code and
+the request id; a missing key becomes `NotFoundError`; a missing bucket says so by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
+
+from registry.errors import NotFoundError, RegistryError, StoreError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+MISSING: Final = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "Unknown"))
+
+
+class Bucket:
+    """Raw object operations on one bucket; *store_url* is what messages call the store."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        store_url: str,
+        endpoint_url: str | None = None,
+        pool_connections: int = 32,
+        stream_retries: int = 5,
+    ) -> None:
+        self.name = name
+        self.store_url = store_url
+        self.endpoint_url = endpoint_url
+        self.stream_retries = max(1, stream_retries)
+        options: dict[str, Any] = {}
+        if endpoint_url:  # S3-compatible servers rarely resolve virtual-hosted bucket names
+            options["s3"] = {"addressing_style": "path"}
+        config = Config(
+            retries={"mode": "standard", "max_attempts": 8},
+            max_pool_connections=pool_connections,
+            connect_timeout=10,
+            read_timeout=60,
+            tcp_keepalive=True,
+            **options,
+        )
+        session = boto3.session.Session()  # one per bucket: sessions are not thread-safe
+        self.client: S3Client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self._seen = False
+
+    def where(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
+
+    def error(
+        self, exc: Exception, operation: str, key: str | None, what: str | None = None
+    ) -> RegistryError:
+        """The enginectl error for *exc*; a missing key is NotFoundError when *what* is given."""
+        where = self.where(key) if key else f"s3://{self.name}"
+        if not isinstance(exc, ClientError):
+            return StoreError(
+                f"{operation} {where} failed: {exc}",
+                url=self.store_url,
+                key=key,
+                operation=operation,
+            )
+        code = error_code(exc)
+        if code in MISSING and what is not None and key is not None:
+            return NotFoundError(what, url=self.store_url, key=key)
+        if code == "NoSuchBucket":
+            at = f" at {self.endpoint_url}" if self.endpoint_url else ""
+            detail = (
+                f"bucket {self.name!r} does not exist{at}; "
+                "create it or fix the store URL (ENGINECTL_STORE_URL)"
+            )
+        else:
+            detail = str(exc.response.get("Error", {}).get("Message") or code)
+        return StoreError(
+            f"{operation} {where} failed: {detail}",
+            url=self.store_url,
+            key=key,
+            operation=operation,
+            code=code,
+            request_id=exc.response.get("ResponseMetadata", {}).get("RequestId"),
+        )
+
+    def check(self) -> None:
+        """A HEAD 404 does not say whether the key or the bucket is missing; ask once.
+
+        A one-key LIST needs the same permission as HEAD bucket, and its error has a body
+        (error code, request id) where a HEAD has none."""
+        if self._seen:
+            return
+        try:
+            self.client.list_objects_v2(Bucket=self.name, MaxKeys=1)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "list_objects_v2", None) from exc
+        self._seen = True
+
+    def exists(self, key: str, operation: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.name, Key=key)
+        except ClientError as exc:
+            if error_code(exc) not in MISSING:
+                raise self.error(exc, operation, key) from exc
+            self.check()
+            return False
+        except BotoCoreError as exc:
+            raise self.error(exc, operation, key) from exc
+        self._seen = True
+        return True
+
+    def get(
+        self, key: str, what: str, byte_range: tuple[int, int] | None = None
+    ) -> tuple[bytes, int]:
+        """The object's bytes (or those in [start, end)) and the object's total size."""
+        ask = "" if byte_range is None else f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        failure: BaseException | None = None
+        for _attempt in range(self.stream_retries):
+            try:
+                response = (
+                    self.client.get_object(Bucket=self.name, Key=key, Range=ask)
+                    if ask
+                    else self.client.get_object(Bucket=self.name, Key=key)
+                )
+            except ClientError as exc:
+                if error_code(exc) == "InvalidRange" and byte_range and byte_range[0] == 0:
+                    return b"", 0  # an empty object has no byte 0
+                raise self.error(exc, "get_object", key, what) from exc
+            except BotoCoreError as exc:
+                raise self.error(exc, "get_object", key, what) from exc
+            body = response["Body"]
+            try:
+                data = body.read()
+            except S3_RETRYABLE_DOWNLOAD_ERRORS as exc:
+                failure = exc
+                continue
+            finally:
+                body.close()
+            self._seen = True
+            content_range = response.get("ContentRange")
+            if content_range:
+                return data, int(content_range.rsplit("/", 1)[1])
+            if byte_range is not None and byte_range[0] != 0:
+                raise StoreError(
+                    f"get_object {self.where(key)}: the server ignored the Range header",
+                    url=self.store_url,
+                    key=key,
+                    operation="get_object",
+                )
+            return data, len(data)
+        raise StoreError(
+            f"get_object {self.where(key)} failed: the body was cut off "
+            f"{self.stream_retries} times, last: {failure}",
+            url=self.store_url,
+            key=key,
+            operation="get_object",
+        ) from failure
+
+    def put(self, key: str, data: bytes, *, sha256_b64: str) -> None:
+        """Put a small object; S3 rejects it unless its sha256 is *sha256_b64*."""
+        try:
+            self.client.put_object(
+                Bucket=self.name,
+                Key=key,
+                Body=data,
+                ContentType="application/json",
+                ChecksumSHA256=sha256_b64,
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "put_object", key) from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.name, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "delete_object", key) from exc
+
+    def list(self, prefix: str, *, start_after: str = "") -> Iterator[dict[str, Any]]:
+        """Listing entries (Key, Size, LastModified, …) under *prefix*, in key order."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.name, Prefix=prefix, StartAfter=start_after
+        )
+        try:
+            for page in pages:
+                for entry in page.get("Contents", []):
+                    yield dict(entry)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "list_objects_v2", prefix) from exc
+        self._seen = True
