@@ -3,12 +3,27 @@
     EnginectlError                 root; carries the CLI exit code
     ├── UsageError                 bad command-line input (exit 2)
     └── RegistryError              registry, store or integrity problem (exit 4)
+        ├── StoreError             a store operation failed for good: url/key, operation,
+        │                          S3 error code and request id (transient ones are retried)
+        ├── NotFoundError          a blob or manifest is not in the store: url and key
+        ├── IntegrityError         bytes do not match their digest: where, expected, actual
+        ├── ManifestError          a manifest is malformed or unsafe (bad path, duplicate)
+        ├── SchemaError            the SQL registry's schema is missing, behind or newer than
+        │                          this binary: revision, head, url
+        ├── ConflictError          a registry write collides with an existing row: what
+        └── RecordNotFoundError    no such artifact, alias or stage run in the registry:
+                                   what, name
 
 `pipeline.errors` hangs its own errors (recipe, plan, stage, smoke) under the same root.
 Only the CLI catches them; everything else raises with `raise ... from exc`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from registry.digest import Digest
 
 
 class EnginectlError(Exception):
@@ -23,3 +38,93 @@ class UsageError(EnginectlError):
 
 class RegistryError(EnginectlError):
     exit_code = 4
+
+
+class StoreError(RegistryError):
+    """A store operation failed and retrying will not help (bad URL, missing bucket, denied)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        key: str | None = None,
+        operation: str | None = None,
+        code: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.key = key
+        self.operation = operation
+        self.code = code
+        self.request_id = request_id
+        details = [
+            part
+            for part in (
+                f"S3 error {code}" if code else None,
+                f"request id {request_id}" if request_id else None,
+            )
+            if part
+        ]
+        super().__init__(f"{message} ({', '.join(details)})" if details else message)
+
+
+class NotFoundError(RegistryError):
+    """The store has no object under *key*."""
+
+    def __init__(self, what: str, *, url: str, key: str) -> None:
+        self.what = what
+        self.url = url
+        self.key = key
+        super().__init__(f"{what} not found in {url} (key {key})")
+
+
+class IntegrityError(RegistryError):
+    """Bytes at *location* (a local path or a store object) do not match their digest."""
+
+    def __init__(self, location: str, *, expected: Digest, actual: Digest) -> None:
+        self.location = location
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"integrity check failed for {location}: expected {expected}, got {actual}"
+        )
+
+
+class SchemaError(RegistryError):
+    """The SQL registry's schema is not the one this enginectl writes (see `registry.db`)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        revision: str | None = None,
+        head: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        self.revision = revision
+        self.head = head
+        self.url = url
+        super().__init__(message)
+
+
+class ConflictError(RegistryError):
+    """A registry write collides with a row that exists (a digest, an alias, a key)."""
+
+    def __init__(self, message: str, *, what: str | None = None) -> None:
+        self.what = what
+        super().__init__(message)
+
+
+class RecordNotFoundError(RegistryError):
+    """The registry has no *what* (artifact, alias, stage run) called *name*."""
+
+    def __init__(self, what: str, name: str, *, hint: str | None = None) -> None:
+        self.what = what
+        self.name = name
+        message = f"no {what} {name!r} in the registry"
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
+class ManifestError(RegistryError):
+    """A manifest is malformed or unsafe: an absolute or `..` path, a duplicate, a link."""

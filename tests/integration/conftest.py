@@ -1,0 +1,80 @@
+"""Fixtures for integration tests: real servers over the network, one clean namespace per test.
+
+    s3_server   (session)   moto's S3 server in its own process on a free loopback port;
+                            fails, not skips, when it cannot start and CI=true
+    aws_env     (autouse)   test credentials and region, nothing from the user's AWS config
+    s3_bucket               a unique, empty bucket on s3_server, removed afterwards
+    store                   an opened Store, once per backend: "file" and "s3"
+
+Other integration fixtures (the registry database) live beside these.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from registry.store import Store, open_store
+from tests.integration.s3server import (
+    CLEARED,
+    CREDENTIALS,
+    S3Server,
+    S3ServerError,
+    start_s3_server,
+)
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true: integration servers are required)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    try:
+        import moto.server  # noqa: F401 - only to know whether it is installed
+    except ImportError as exc:
+        _unavailable(f"moto[server] is not installed: {exc}")
+    try:
+        server = start_s3_server(tmp_path_factory.mktemp("s3server"))
+    except (S3ServerError, OSError) as exc:
+        _unavailable(f"cannot start the S3 test server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every integration test sees test credentials, never the user's AWS account."""
+    for name in CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> Iterator[str]:
+    name = s3_server.create_bucket()
+    yield name
+    s3_server.delete_bucket(name)
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return open_store((tmp_path / "store").as_uri())
+    server: S3Server = request.getfixturevalue("s3_server")
+    bucket: str = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/prefix", s3_endpoint_url=server.endpoint_url)
+
+
+from tests.integration.db_fixtures import *  # noqa: E402, F403 - the SQL registry fixtures
