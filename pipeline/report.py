@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from typing import Any
 
 import click
 
@@ -56,3 +58,83 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset()) -> list[str]:
 
 def print_plan(plan: Plan) -> None:
     click.echo("\n".join(plan_lines(plan)))
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024  # type: ignore[assignment]
+    return str(nbytes)
+
+
+def artifact_table(rows: list[dict[str, Any]]) -> str:
+    """`enginectl ls`: one line per artifact, status reason included."""
+    if not rows:
+        return "no artifacts match"
+    header = ("DIGEST", "KIND", "MODEL", "GPU", "QUANT", "TP", "SEQ", "SIZE", "STATUS", "ALIASES")
+    lines = [header]
+    for row in rows:
+        status = row["status"] + (f" ({row['status_reason']})" if row.get("status_reason") else "")
+        lines.append((
+            row["digest"][7:19], row["kind"], row["model"], row.get("gpu") or "-",
+            row.get("quant") or "-", str(row.get("tp") or 1), str(row.get("max_seq_len") or "-"),
+            _size(row["size"]), status, ",".join(row.get("aliases") or []) or "-",
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False))
+        + "  " + line[-1]
+        for line in lines
+    )
+
+
+def show_lines(info: dict[str, Any]) -> list[str]:
+    """`enginectl show`: the artifact, its files, aliases, smoke reports and provenance."""
+    artifact, manifest = info["artifact"], info["manifest"]
+    lines = [
+        f"{artifact['digest']}",
+        (f"  kind      {artifact['kind']}   status {artifact['status']}"
+         + (f" ({artifact['status_reason']})" if artifact.get("status_reason") else "")),
+        (f"  model     {artifact['model']}   gpu {artifact.get('gpu') or '-'}   "
+         f"quant {artifact.get('quant') or '-'}   tp {artifact['tp']} pp {artifact['pp']}"),
+        f"  key       {artifact.get('key') or '-'}",
+        f"  created   {artifact.get('created_at')}",
+        f"  aliases   {', '.join(artifact['aliases']) or '-'}",
+        f"  toolchain {json.dumps(manifest['toolchain'], sort_keys=True)}",
+        f"  files     {len(manifest['files'])} ({_size(artifact['size'])})",
+    ]
+    lines += [f"    {f['path']}  {_size(f['size'])}  {f['xxh3']}" for f in manifest["files"]]
+    if manifest.get("serve"):
+        lines.append(f"  serve     {' '.join(manifest['serve'].get('argv', []))}")
+    for report in info["smoke_reports"]:
+        verdict = "passed" if report["passed"] else "FAILED"
+        lines.append(f"  smoke     {verdict} at {report['created_at']}")
+    lines.append("  provenance")
+    lines += _tree(info["provenance"], "    ") or ["    (no inputs: a source or an import)"]
+    return lines
+
+
+def _tree(nodes: list[dict[str, Any]], indent: str) -> list[str]:
+    lines = []
+    for node in nodes:
+        lines.append(f"{indent}{node['digest'][:19]}…  {node.get('kind') or 'not registered'}")
+        lines += _tree(node.get("inputs") or [], indent + "  ")
+    return lines
+
+
+def resolve_lines(ranked: Any, explain: bool) -> list[str]:
+    """`enginectl resolve`: the ranked candidates, and with --explain every rejection."""
+    lines = []
+    for index, candidate in enumerate(ranked.candidates, start=1):
+        speed = f"{candidate.tokens_per_s:.0f} tok/s" if candidate.tokens_per_s else "unmeasured"
+        lines.append(
+            f"{index}. {candidate.digest}  {candidate.kind}  {candidate.quant or '-'}  "
+            f"tp {candidate.tp}  seq {candidate.max_seq_len}  {speed}"
+        )
+    if not ranked.candidates:
+        lines.append("no candidate")
+    if explain:
+        lines += [f"rejected {c.digest[:19]}… {c.kind}: {reason}"
+                  for c, reason in ranked.rejected]
+    return lines

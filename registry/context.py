@@ -1,0 +1,43 @@
+"""The handles every registry verb works with: store, SQL registry and fetch cache.
+
+Opened lazily from `RegistryConfig`, so a command that needs only the store never opens the
+database, and nothing heavy is imported until it is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from registry.cache import BlobCache
+from registry.config import RegistryConfig
+
+if TYPE_CHECKING:
+    from registry.db import Registry
+    from registry.store import Store
+
+
+@dataclass
+class Context:
+    config: RegistryConfig = field(default_factory=RegistryConfig.from_env)
+
+    @cached_property
+    def store(self) -> Store:
+        from registry.store import open_store
+
+        return open_store(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
+
+    @cached_property
+    def registry(self) -> Registry:
+        from registry.db import open_registry
+
+        return open_registry(self.config.registry_url)
+
+    @cached_property
+    def cache(self) -> BlobCache:
+        return BlobCache(self.config.cache_dir)
+
+    def close(self) -> None:
+        if "registry" in self.__dict__:
+            self.registry.close()

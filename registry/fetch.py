@@ -1,0 +1,198 @@
+"""fetch: an artifact by digest into a directory a server can load, verified, all or nothing.
+
+Blobs come through the local cache (parallel downloads, verified while streaming), then are
+verified again as they are placed (xxh3-128; `strict` adds sha256) into a temporary directory
+beside the target, which is renamed into place only when every file checked out. A failure
+leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import xxhash
+
+from registry import records
+from registry.cache import BlobCache
+from registry.digest import CHUNK, Digest
+from registry.errors import IntegrityError, ManifestError, RecordNotFoundError, UsageError
+from registry.manifest import FileEntry, Manifest
+from registry.progress import NoProgress, Progress
+from registry.publish import WORKERS
+from registry.refs import resolve_ref
+from registry.store import Store
+
+if TYPE_CHECKING:
+    from registry.context import Context
+
+Verify = Literal["fast", "strict"]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    manifest: Manifest
+    path: Path
+    downloaded_bytes: int
+    cached_bytes: int
+
+
+def _check_target(dest: Path, force: bool) -> None:
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise UsageError(f"{dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise UsageError(f"{dest} is not empty; fetch into an empty directory or pass --force")
+
+
+def _rehash(path: Path, entry: FileEntry, strict: bool) -> None:
+    fast = xxhash.xxh3_128()
+    slow = hashlib.sha256() if strict else None
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            fast.update(chunk)
+            if slow is not None:
+                slow.update(chunk)
+    actual = Digest("xxh3-128", fast.hexdigest())
+    if actual != entry.xxh3:
+        raise IntegrityError(entry.path, expected=entry.xxh3, actual=actual)
+    if slow is not None and (sha := Digest("sha256", slow.hexdigest())) != entry.sha256:
+        raise IntegrityError(entry.path, expected=entry.sha256, actual=sha)
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """Where *relative* goes under *root*; never outside it (manifests are checked on parse,
+    this is the second lock)."""
+    target = root.joinpath(*relative.split("/"))
+    if not target.resolve().is_relative_to(root.resolve()):
+        raise ManifestError(f"file path {relative!r} leaves the target directory")
+    return target
+
+
+def _place(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def fetch_manifest(
+    store: Store,
+    manifest: Manifest,
+    dest: Path,
+    *,
+    cache: BlobCache,
+    verify: Verify = "fast",
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Fetched:
+    """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*."""
+    dest = dest.absolute()
+    _check_target(dest, force)
+    progress = progress or NoProgress()
+    by_digest = {entry.xxh3: entry for entry in manifest.files}
+    cached = {d for d, e in by_digest.items() if cache.has(d, e.size)}
+    missing = [d for d in by_digest if d not in cached]
+    downloaded = sum(by_digest[d].size for d in missing)
+    progress.start("fetching", manifest.size)
+
+    def download(digest: Digest) -> None:
+        entry = by_digest[digest]
+        try:
+            cache.fill(digest, lambda temp: store.get_blob(
+                digest, temp, size=entry.size, progress=progress.advance))
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"{entry.path} ({exc.location})", expected=exc.expected, actual=exc.actual
+            ) from exc
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-", dir=dest.parent))
+    try:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(download, missing))
+
+            def place(entry: FileEntry) -> None:
+                source = cache.path(entry.xxh3)
+                if entry.xxh3 in cached or verify == "strict":
+                    try:
+                        _rehash(source, entry, strict=verify == "strict")
+                    except IntegrityError:
+                        cache.evict(entry.xxh3)
+                        raise
+                    if entry.xxh3 in cached:
+                        progress.advance(entry.size)
+                _place(source, _inside(staging, entry.path))
+
+            list(pool.map(place, manifest.files))
+        staging.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
+        _swap_into_place(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        progress.finish()
+    return Fetched(manifest, dest, downloaded, manifest.size - downloaded)
+
+
+def _swap_into_place(staging: Path, dest: Path) -> None:
+    if not dest.exists():
+        staging.rename(dest)
+        return
+    if not any(dest.iterdir()):
+        dest.rmdir()
+        staging.rename(dest)
+        return
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    dest.rename(old)
+    try:
+        staging.rename(dest)
+    except OSError:
+        old.rename(dest)
+        raise
+    with contextlib.suppress(OSError):
+        shutil.rmtree(old)
+
+
+def load_manifest(ctx: Context, digest: str) -> Manifest:
+    """The manifest of *digest* from the store, verified and checked for safety."""
+    manifest = Manifest.from_bytes(ctx.store.get_manifest(Digest.parse(digest)))
+    if str(manifest.digest) != digest:
+        raise IntegrityError(f"manifest {digest}", expected=Digest.parse(digest),
+                             actual=manifest.digest)
+    return manifest
+
+
+def fetch(
+    ctx: Context,
+    ref: str,
+    dest: Path,
+    *,
+    verify: Verify = "fast",
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Fetched:
+    """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*.
+
+    A full digest the registry does not know is still fetched from the store, so a deploy
+    node needs only the bucket."""
+    try:
+        with ctx.registry.session(readonly=True) as session:
+            digest = resolve_ref(session, ref)
+            record = records.get_artifact(session, digest)
+    except RecordNotFoundError:
+        if not ref.startswith("sha256:") or len(ref) != len("sha256:") + 64:
+            raise
+        digest, record = ref, None
+    if record is not None and record.status == "deleted":
+        raise UsageError(f"artifact {digest} is deleted; its files may be gone")
+    manifest = load_manifest(ctx, digest)
+    return fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
+                          force=force, progress=progress)

@@ -1,0 +1,80 @@
+"""ls and show: what the registry holds, with aliases, provenance and smoke reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from registry import records
+from registry.refs import resolve_ref
+
+if TYPE_CHECKING:
+    from registry.context import Context
+
+
+def artifact_dict(record: records.ArtifactRecord, aliases: list[str]) -> dict[str, Any]:
+    data = asdict(record)
+    data.pop("files")
+    for name in ("created_at", "updated_at"):
+        if data[name] is not None:
+            data[name] = data[name].isoformat()
+    return data | {"aliases": aliases}
+
+
+def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
+    """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first."""
+    with ctx.registry.session(readonly=True) as session:
+        found = records.list_artifacts(session, **filters)
+        return [artifact_dict(r, records.aliases_for(session, r.digest)) for r in found]
+
+
+def show(ctx: Context, ref: str) -> dict[str, Any]:
+    """Everything known about one artifact: its row, manifest, aliases, smoke reports, and
+    its provenance as a tree of input artifacts down to the source checkpoint."""
+    from registry.fetch import load_manifest
+
+    with ctx.registry.session(readonly=True) as session:
+        digest = resolve_ref(session, ref)
+        record = records.get_artifact(session, digest)
+        assert record is not None  # noqa: S101 - resolve_ref only returns registered digests
+        aliases = records.aliases_for(session, digest)
+        reports = [
+            {"passed": r.passed, "created_at": r.created_at.isoformat(), "report": r.report}
+            for r in records.smoke_reports(session, digest)
+        ]
+        history = {name: [
+            {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
+             "note": e.note}
+            for e in records.alias_history(session, name)
+        ] for name in aliases}
+        manifest = load_manifest(ctx, digest)
+        provenance = _provenance(ctx, session, manifest.inputs, seen={digest})
+    return {
+        "artifact": artifact_dict(record, aliases),
+        "manifest": manifest.as_dict(),
+        "alias_history": history,
+        "smoke_reports": reports,
+        "provenance": provenance,
+    }
+
+
+def _provenance(
+    ctx: Context, session: Any, inputs: tuple[str, ...], seen: set[str]
+) -> list[dict[str, Any]]:
+    """Input artifacts, each with its own inputs, as far as the store has their manifests."""
+    from registry.errors import NotFoundError
+    from registry.fetch import load_manifest
+
+    tree = []
+    for digest in sorted(inputs):
+        record = records.get_artifact(session, digest)
+        node: dict[str, Any] = {"digest": digest, "kind": record.kind if record else None,
+                                "key": record.key if record else None}
+        if digest not in seen:
+            try:
+                parents = load_manifest(ctx, digest).inputs
+            except NotFoundError:
+                parents = ()
+            node["inputs"] = _provenance(ctx, session, parents, seen | {digest})
+        tree.append(node)
+    return tree

@@ -1,0 +1,83 @@
+"""An HTTP proxy in front of the S3 test server that fails some requests on purpose.
+
+`FaultyProxy(upstream, plan)` answers the n-th request with what `plan(n)` returns:
+"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling) or "reset"
+(close the connection without an answer). It runs in a thread on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
+from urllib.parse import urlsplit
+
+Fault = Literal["pass", "slowdown", "reset"]
+SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message>"
+    b"<RequestId>FAULTYPROXY</RequestId></Error>"
+)
+
+
+class FaultyProxy:
+    def __init__(self, upstream: str, plan: Callable[[int], Fault]) -> None:
+        target = urlsplit(upstream)
+        self.faults: list[Fault] = []
+        lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                del format, args
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with lock:
+                    fault = plan(len(proxy.faults))
+                    proxy.faults.append(fault)
+                if fault == "reset":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault == "slowdown":
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOWDOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOWDOWN)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle  # noqa: N815
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultyProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,356 @@
+"""publish, fetch, tag, resolve, fsck, gc and reindex against real stores and databases.
+
+Every test runs on the file store and on an S3 server over HTTP, each with SQLite and with
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from registry import records
+from registry.adopt import ImportSpec, import_artifact
+from registry.aliases import tag, untag
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.digest import Digest, digest_file
+from registry.errors import (
+    IntegrityError,
+    ManifestError,
+    RecordNotFoundError,
+    UsageError,
+)
+from registry.fetch import fetch
+from registry.fsck import fsck
+from registry.gc import gc
+from registry.gpus import lookup_gpu
+from registry.layout import blob_key
+from registry.manifest import FileEntry, Manifest
+from registry.publish import publish
+from registry.reindex import reindex
+from registry.resolve import Request, resolve
+from registry.store import Store
+from tests.integration.s3server import S3Server
+
+
+@pytest.fixture
+def ctx(store: Store, registry_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Context:
+    endpoint = None
+    if store.url.startswith("s3://"):
+        server: S3Server = request.getfixturevalue("s3_server")
+        endpoint = server.endpoint_url
+    config = RegistryConfig(
+        home=tmp_path / "home", store_url=store.url, s3_endpoint_url=endpoint,
+        registry_url=registry_url, cache_dir=tmp_path / "cache",
+    )
+    context = Context(config)
+    yield context  # type: ignore[misc]
+    context.close()
+
+
+def make_engine(root: Path, *, tp: int = 2, seed: int = 0, seq: int = 4096) -> Path:
+    root.mkdir(parents=True)
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {"mapping": {"tp_size": tp, "pp_size": 1}},
+        "build_config": {"max_batch_size": 64, "max_input_len": 2048, "max_seq_len": seq},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    for rank in range(tp):
+        (root / f"rank{rank}.engine").write_bytes(os.urandom(50_000) + bytes([seed]))
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer.json").write_text('{"model": "shared"}')
+    return root
+
+
+def engine_spec(**overrides: object) -> ImportSpec:
+    fields: dict[str, object] = {"kind": "trtllm-engine", "model": "m", "gpu": "h100",
+                                 "quant": "fp8", "status": "ready"}
+    return ImportSpec(**(fields | overrides))  # type: ignore[arg-type]
+
+
+def test_publish_fetch_round_trip_and_cache(ctx: Context, tmp_path: Path) -> None:
+    source = make_engine(tmp_path / "engine")
+    published = import_artifact(ctx, source, engine_spec())
+    assert published.registered
+    assert published.blobs_uploaded == 4
+    first = fetch(ctx, published.digest, tmp_path / "out")
+    for path in source.rglob("*"):
+        if path.is_file():
+            fetched = tmp_path / "out" / path.relative_to(source)
+            assert fetched.read_bytes() == path.read_bytes()
+    assert first.downloaded_bytes == published.manifest.size
+    second = fetch(ctx, published.digest[7:19], tmp_path / "again", verify="strict")
+    assert second.downloaded_bytes == 0
+    assert second.cached_bytes == published.manifest.size
+
+
+def test_same_content_twice_is_a_no_op_and_files_are_stored_once(
+    ctx: Context, tmp_path: Path
+) -> None:
+    one = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
+    again = import_artifact(ctx, tmp_path / "a", engine_spec())
+    assert again.digest == one.digest
+    assert not again.registered
+    assert again.blobs_uploaded == 0
+    other = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
+    # config.json and the tokenizer are identical: only the two rank files are new
+    assert other.blobs_uploaded == 2
+    assert len(list(ctx.store.iter_blobs())) == 6
+
+
+def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
+    """Corrupt a stored blob the way a disk or a bad copy would."""
+    copy = tmp_path / "blob"
+    ctx.store.get_blob(digest, copy)
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    if ctx.store.url.startswith("file://"):
+        path = Path(ctx.store.url.removeprefix("file://")) / blob_key(digest)
+        path.chmod(0o644)
+        path.write_bytes(bytes(data))
+    else:
+        import boto3
+
+        bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
+        client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_key(digest)}", Body=bytes(data))
+
+
+def test_a_flipped_byte_fails_fetch_and_fsck_and_leaves_the_target_alone(
+    ctx: Context, tmp_path: Path
+) -> None:
+    published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
+    rank1 = next(f for f in published.manifest.files if f.path == "rank1.engine")
+    _flip_one_byte(ctx, rank1.xxh3, tmp_path)
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    with pytest.raises(IntegrityError) as caught:
+        fetch(ctx, published.digest, target, force=True)
+    message = str(caught.value)
+    assert "rank1.engine" in message
+    assert str(rank1.xxh3) in message
+    assert str(caught.value.actual) in message
+    assert caught.value.actual != rank1.xxh3
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    checked, problems = fsck(ctx)
+    assert checked == 1
+    assert len(problems) == 1
+    assert "rank1.engine" in str(problems[0])
+
+
+def _entry(path: str) -> FileEntry:
+    return FileEntry(path, 1, Digest("xxh3-128", "0" * 32), Digest("sha256", "0" * 64))
+
+
+@pytest.mark.parametrize("path", ["../escape", "/etc/passwd", "a/../../b", "a//b", "a\\b"])
+def test_unsafe_manifest_paths_are_refused_on_fetch(
+    ctx: Context, tmp_path: Path, path: str
+) -> None:
+    honest = Manifest(kind="vllm", files=(_entry("ok"),), labels={"model": "m"})
+    raw = honest.as_dict()
+    raw["files"][0]["path"] = path
+    data = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+    from registry.digest import sha256_of
+
+    forged = sha256_of(data)
+    ctx.store.put_manifest(forged, data)
+    with pytest.raises(ManifestError):
+        fetch(ctx, str(forged), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "escape").exists()
+
+
+def test_duplicate_paths_and_file_directory_clashes_are_refused() -> None:
+    with pytest.raises(ManifestError, match="duplicate"):
+        Manifest(kind="vllm", files=(_entry("a"), _entry("a")))
+    with pytest.raises(ManifestError, match="both a file and a directory"):
+        Manifest(kind="vllm", files=(_entry("a"), _entry("a/b")))
+
+
+def test_import_refuses_links_and_incomplete_engines(ctx: Context, tmp_path: Path) -> None:
+    engine = make_engine(tmp_path / "engine")
+    (engine / "link").symlink_to("/etc/passwd")
+    with pytest.raises(ManifestError, match="symbolic link"):
+        import_artifact(ctx, engine, engine_spec())
+    (engine / "link").unlink()
+    (engine / "rank1.engine").unlink()
+    with pytest.raises(ManifestError, match=r"rank1\.engine"):
+        import_artifact(ctx, engine, engine_spec())
+    with pytest.raises(UsageError, match="--gpu"):
+        import_artifact(ctx, engine, engine_spec(gpu=None))
+    with ctx.registry.session(readonly=True) as session:
+        assert records.list_artifacts(session) == []
+
+
+def test_refs_aliases_and_history(ctx: Context, tmp_path: Path) -> None:
+    one = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
+    two = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
+    assert tag(ctx, one.digest[7:19], "m/h100/prod") == (one.digest, None)
+    assert tag(ctx, two.digest, "m/h100/prod", note="promote") == (two.digest, one.digest)
+    with pytest.raises(UsageError, match="too short"):
+        tag(ctx, one.digest[7:15], "x")
+    with pytest.raises(UsageError, match="not a valid name"):
+        tag(ctx, one.digest, "deadbeefdeadbeef")
+    assert untag(ctx, "m/h100/prod") == two.digest
+    with pytest.raises(RecordNotFoundError):
+        fetch(ctx, "m/h100/prod", tmp_path / "out")
+    with ctx.registry.session(readonly=True) as session:
+        history = records.alias_history(session, "m/h100/prod")
+    assert [(e.digest, e.previous_digest) for e in history] == [
+        (one.digest, None), (two.digest, one.digest), (None, two.digest),
+    ]
+
+
+def test_resolve_ranks_engines_then_checkpoints_then_vllm(ctx: Context, tmp_path: Path) -> None:
+    engine = import_artifact(ctx, make_engine(tmp_path / "e", seq=8192), engine_spec())
+    short = import_artifact(ctx, make_engine(tmp_path / "s", seed=3, seq=1024), engine_spec())
+    a100 = import_artifact(ctx, make_engine(tmp_path / "a", seed=4), engine_spec(gpu="a100",
+                                                                                   quant="bf16"))
+    checkpoint_dir = tmp_path / "ckpt"
+    checkpoint_dir.mkdir()
+    (checkpoint_dir / "config.json").write_text("{}")
+    checkpoint = import_artifact(ctx, checkpoint_dir, ImportSpec(
+        kind="trtllm-checkpoint", model="m", quant="fp8", status="ready",
+        shape={"max_seq_len": 8192, "max_batch_size": 8}))
+    empty = tmp_path / "vllm"
+    empty.mkdir()
+    vllm = import_artifact(ctx, empty, ImportSpec(
+        kind="vllm", model="m", quant="bf16", status="ready",
+        shape={"max_seq_len": 8192, "max_batch_size": 8}))
+    built = import_artifact(ctx, make_engine(tmp_path / "n", seed=5), engine_spec(status="built"))
+
+    ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), min_seq_len=4096),
+                     explain=True)
+    assert [c.digest for c in ranked.candidates] == [engine.digest, checkpoint.digest,
+                                                      vllm.digest]
+    reasons = {c.digest: reason for c, reason in ranked.rejected}
+    assert "shape too small" in reasons[short.digest]
+    assert "GPU mismatch" in reasons[a100.digest]
+    assert "not ready" in reasons[built.digest]
+
+    on_a100 = resolve(ctx, Request(model="m", gpu=lookup_gpu("a100")), explain=True)
+    assert [c.digest for c in on_a100.candidates][:1] == [a100.digest]
+    assert vllm.digest in [c.digest for c in on_a100.candidates]
+    assert checkpoint.digest not in [c.digest for c in on_a100.candidates]  # fp8 on SM 80
+    preferred = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), prefer=("vllm",)))
+    assert preferred.candidates[0].digest == vllm.digest
+
+
+def test_gc_removes_only_unreferenced_old_blobs(ctx: Context, tmp_path: Path) -> None:
+    kept = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
+    stray = tmp_path / "stray.bin"
+    stray.write_bytes(os.urandom(1000))
+    stray_digest = digest_file(stray).xxh3
+    ctx.store.put_blob(stray_digest, stray)  # what a publish killed before its manifest leaves
+    assert gc(ctx).blobs == []  # younger than the default grace
+    later = datetime.now(UTC) + timedelta(days=8)
+    dry = gc(ctx, dry_run=True, now=later)
+    assert dry.blobs == [stray_digest]
+    assert ctx.store.has_blob(stray_digest)
+    done = gc(ctx, now=later)
+    assert done.blobs == [stray_digest]
+    assert not ctx.store.has_blob(stray_digest)
+    assert fetch(ctx, kept.digest, tmp_path / "out").manifest.digest == kept.manifest.digest
+    assert fsck(ctx)[1] == []
+
+
+def test_gc_removes_manifests_of_deleted_artifacts(ctx: Context, tmp_path: Path) -> None:
+    doomed = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
+    with ctx.registry.session() as session:
+        records.mark_deleted(session, doomed.digest, "test")
+    result = gc(ctx, now=datetime.now(UTC) + timedelta(days=8))
+    assert result.manifests == [doomed.digest]
+    assert len(result.blobs) == 4
+    assert not ctx.store.has_manifest(Digest.parse(doomed.digest))
+
+
+def test_reindex_rebuilds_an_empty_registry_from_the_store(
+    ctx: Context, tmp_path: Path, registry_url: str
+) -> None:
+    published = {
+        import_artifact(ctx, make_engine(tmp_path / str(i), seed=i), engine_spec()).digest
+        for i in range(3)
+    }
+    with pytest.raises(UsageError, match="not empty"):
+        reindex(ctx)
+    fresh = Context(RegistryConfig(
+        home=tmp_path, store_url=ctx.config.store_url,
+        s3_endpoint_url=ctx.config.s3_endpoint_url,
+        registry_url=f"sqlite:///{tmp_path / 'fresh.db'}", cache_dir=tmp_path / "cache2",
+    ))
+    assert reindex(fresh) == 3
+    with fresh.registry.session(readonly=True) as session:
+        found = {r.digest for r in records.list_artifacts(session)}
+        statuses = {r.status for r in records.list_artifacts(session)}
+    fresh.close()
+    assert found == published
+    assert statuses == {"built"}
+    del registry_url
+
+
+def test_publish_keeps_labels_and_manifest_fields(ctx: Context, tmp_path: Path) -> None:
+    root = tmp_path / "entry"
+    root.mkdir()
+    (root / "runtime.json").write_text("{}")
+    published = publish(
+        ctx, root, kind="vllm", labels={"model": "m", "tp": 2, "quant": "fp8", "gpu": None},
+        key="k1:" + "a" * 64, toolchain={"vllm": "0.32.0"},
+        serve={"argv": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
+    )
+    with ctx.registry.session(readonly=True) as session:
+        record = records.get_artifact(session, published.digest)
+    assert record is not None
+    assert (record.kind, record.tp, record.quant, record.key) == ("vllm", 2, "fp8",
+                                                                   "k1:" + "a" * 64)
+    assert published.manifest.serve == {"argv": ["python", "-m",
+                                                 "vllm.entrypoints.openai.api_server"]}
+
+
+def test_transient_s3_errors_are_retried(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Throttling and connection resets on one request in three: publish and fetch still
+    succeed, verified, because the store retries with backoff."""
+    from tests.integration.faulty_proxy import FaultyProxy
+
+    faults = ("pass", "slowdown", "reset")
+    with FaultyProxy(s3_server.endpoint_url, lambda n: faults[n % 3]) as proxy:
+        context = Context(RegistryConfig(
+            home=tmp_path, store_url=f"s3://{s3_bucket}/flaky", s3_endpoint_url=proxy.endpoint_url,
+            registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
+        ))
+        published = import_artifact(context, make_engine(tmp_path / "engine"), engine_spec())
+        fetched = fetch(context, published.digest, tmp_path / "out")
+        context.close()
+    assert fetched.manifest.digest == published.manifest.digest
+    assert proxy.faults.count("slowdown") >= 3
+    assert proxy.faults.count("reset") >= 3
+
+
+def test_a_permanent_s3_error_is_one_line_with_the_request_id(
+    s3_server: S3Server, tmp_path: Path, aws_env: None
+) -> None:
+    from registry.errors import StoreError
+
+    context = Context(RegistryConfig(
+        home=tmp_path, store_url="s3://no-such-bucket-here/x",
+        s3_endpoint_url=s3_server.endpoint_url,
+        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
+    ))
+    with pytest.raises(StoreError) as caught:
+        import_artifact(context, make_engine(tmp_path / "engine"), engine_spec())
+    context.close()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "no-such-bucket-here" in message
+    assert "does not exist" in message
+    assert "request id" in message
+    del aws_env
