@@ -3,7 +3,8 @@
     registry.errors.EnginectlError
     ├── RecipeError        the recipe file is unreadable or invalid (exit 2):
     │                      file, field path, YAML line and the bad value
-    └── PlanError          a target cannot be planned (exit 2): target id and the fix
+    ├── PlanError          a target cannot be planned (exit 2): target id and the fix
+    └── StageError         a stage run failed (exit 3): stage, key, target and the log tail
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -43,3 +44,27 @@ class PlanError(EnginectlError):
         self.target = target
         self.fix = fix
         super().__init__(f"{self.path}: target {target}: {message}; {fix}")
+
+
+class StageError(EnginectlError):
+    exit_code = 3
+
+    def __init__(
+        self,
+        stage: str,
+        key: str,
+        message: str,
+        *,
+        target: str | None = None,
+        log_path: Path | None = None,
+        log_tail: str = "",
+    ) -> None:
+        self.stage = stage
+        self.key = key
+        self.target = target
+        self.log_path = log_path
+        self.log_tail = log_tail
+        where = f"{stage} {key.removeprefix('k1:')[:12]}" + (f" ({target})" if target else "")
+        tail = " | ".join(line.strip() for line in log_tail.splitlines()[-3:] if line.strip())
+        log = f"; log {log_path}" if log_path else ""
+        super().__init__(f"{where}: {message}{log}" + (f"; last lines: {tail}" if tail else ""))

@@ -35,6 +35,15 @@ KIND_VLLM = "vllm"
 KIND_SMOKE = "smoke-report"
 ENTRY_KINDS = {"trtllm": KIND_ENGINE, "trtllm-pytorch": KIND_TRTLLM_CHECKPOINT, "vllm": KIND_VLLM}
 
+DirOf = Callable[[str], Path]
+ArgvBuilder = Callable[[DirOf, Path], "list[str] | None"]
+"""Builds a run's argv from where its inputs are (by key) and its output directory: the plan
+shows it with work directories, the executor runs it with the real ones."""
+
+
+def _no_argv(_dirs: DirOf, _out: Path) -> list[str] | None:
+    return None
+
 
 @dataclass
 class StageRun:
@@ -45,7 +54,8 @@ class StageRun:
     inputs: list[str]
     toolchain: dict[str, Any]
     workdir: Path
-    argv: list[str] | None = None
+    make_argv: ArgvBuilder = field(default=_no_argv, repr=False)
+    argv: list[str] | None = None  # make_argv with the plan's work directories, for display
     gpu: str | None = None  # the GPU SKU this run must execute on, if any
     targets: list[str] = field(default_factory=list)
 
@@ -137,7 +147,7 @@ class _Planner:
         inputs: list[str],
         toolchain: Toolchain,
         toolchain_stage: str,
-        argv: Callable[[Path], list[str] | None],
+        argv: ArgvBuilder,
         gpu: str | None = None,
     ) -> str:
         params = floats_as_strings(dict(params))
@@ -147,7 +157,7 @@ class _Planner:
         if run is None:
             workdir = self.settings.work_dir / f"{stage}-{short_key(key)}"
             run = StageRun(stage, key, kind, dict(params), sorted(inputs), fingerprint, workdir,
-                           argv(workdir), gpu)
+                           argv, argv(self.dir_of, workdir / "out"), gpu)
             self.stages[key] = run
         if target.id not in run.targets:
             run.targets.append(target.id)
@@ -164,7 +174,7 @@ class _Planner:
             params = {"source": model.source, "revision": model.revision}
         return self.add(
             target, "snapshot", kind=KIND_HF, params=params, inputs=[],
-            toolchain=self.toolchain, toolchain_stage="snapshot", argv=lambda _dir: None,
+            toolchain=self.toolchain, toolchain_stage="snapshot", argv=_no_argv,
         )
 
     def quantize(self, target: Target, source: str, export: Export) -> str:
@@ -192,9 +202,9 @@ class _Planner:
         return self.add(
             target, "quantize", kind=KIND_QUANTIZED, params=params, inputs=[source],
             toolchain=self.toolchain, toolchain_stage="quantize",
-            argv=lambda out: quantize_argv(
+            argv=lambda dirs, out: quantize_argv(
                 self.settings.python,
-                model_dir=self.dir_of(source),
+                model_dir=dirs(source),
                 output_dir=out,
                 dtype=recipe.model.dtype,
                 quant=quant,
@@ -215,11 +225,11 @@ class _Planner:
         return self.add(
             target, "convert", kind=KIND_CONVERTED, params=params, inputs=[source],
             toolchain=self.toolchain, toolchain_stage="convert",
-            argv=lambda out: convert_argv(
+            argv=lambda dirs, out: convert_argv(
                 self.settings.python,
                 self.settings.trtllm_examples,
                 family=family,
-                model_dir=self.dir_of(source),
+                model_dir=dirs(source),
                 output_dir=out,
                 dtype=dtype,
                 tp=target.tp,
@@ -245,29 +255,35 @@ class _Planner:
             entry = self.add(
                 target, "build", kind=KIND_ENGINE, params={"runtime": "trtllm", "flags": flags},
                 inputs=[checkpoint], toolchain=on_gpu, toolchain_stage="build:trtllm",
-                argv=lambda out: build_argv(
-                    checkpoint_dir=self.dir_of(checkpoint), output_dir=out, flags=flags,
+                argv=lambda dirs, out: build_argv(
+                    checkpoint_dir=dirs(checkpoint), output_dir=out, flags=flags,
                     workers=recipe.build.workers,
                 ),
                 gpu=target.gpu.sku,
             )
             serve = recipe.serve.trtllm or TrtllmServe()
             serve_args = serve.model_dump()
-            engine_dir = self.dir_of(entry)
-            smoke_argv = trtllm_serve_argv(
-                model_dir=engine_dir, tokenizer_dir=engine_dir, backend="tensorrt",
-                tp=target.tp, pp=target.pp, shape=target.shape, settings=serve,
-            )
+            engine = entry
+
+            def smoke_argv(dirs: DirOf, _out: Path) -> list[str]:
+                return trtllm_serve_argv(
+                    model_dir=dirs(engine), tokenizer_dir=dirs(engine), backend="tensorrt",
+                    tp=target.tp, pp=target.pp, shape=target.shape, settings=serve,
+                )
         elif target.runtime == "trtllm-pytorch":
             checkpoint = self.quantize(target, keys[0], "hf") if wants_quantize else keys[0]
             if checkpoint != keys[0]:
                 keys.append(checkpoint)
             serve = recipe.serve.trtllm_pytorch or TrtllmServe()
             serve_args = serve.model_dump()
-            smoke_argv = trtllm_serve_argv(
-                model_dir=self.dir_of(checkpoint), tokenizer_dir=None, backend="pytorch",
-                tp=target.tp, pp=target.pp, shape=target.shape, settings=serve,
-            )
+            pytorch_checkpoint, pytorch_serve = checkpoint, serve
+
+            def smoke_argv(dirs: DirOf, _out: Path) -> list[str]:
+                return trtllm_serve_argv(
+                    model_dir=dirs(pytorch_checkpoint), tokenizer_dir=None, backend="pytorch",
+                    tp=target.tp, pp=target.pp, shape=target.shape, settings=pytorch_serve,
+                )
+
             entry = self._entry(target, checkpoint, serve_args)
         else:
             vllm = recipe.serve.vllm or VllmServe()
@@ -278,12 +294,16 @@ class _Planner:
             if checkpoint != keys[0]:
                 keys.append(checkpoint)
             serve_args = vllm.model_dump()
-            smoke_argv = vllm_argv(
-                self.settings.vllm_python, model_dir=self.dir_of(checkpoint),
-                served_name=recipe.model.name, dtype=recipe.model.dtype, quant=target.quant,
-                kv_cache_dtype=target.kv_cache_dtype, prequantized=prequantized,
-                tp=target.tp, pp=target.pp, shape=target.shape, settings=vllm,
-            )
+            vllm_checkpoint, vllm_settings = checkpoint, vllm
+
+            def smoke_argv(dirs: DirOf, _out: Path) -> list[str]:
+                return vllm_argv(
+                    self.settings.vllm_python, model_dir=dirs(vllm_checkpoint),
+                    served_name=recipe.model.name, dtype=recipe.model.dtype,
+                    quant=target.quant, kv_cache_dtype=target.kv_cache_dtype,
+                    prequantized=prequantized, tp=target.tp, pp=target.pp, shape=target.shape,
+                    settings=vllm_settings,
+                )
             entry = self._entry(target, checkpoint, serve_args)
         keys.append(entry)
         smoke = recipe.smoke
@@ -298,7 +318,7 @@ class _Planner:
             self.add(
                 target, "smoke", kind=KIND_SMOKE, params=smoke_params, inputs=[entry],
                 toolchain=on_gpu, toolchain_stage=f"smoke:{target.runtime}",
-                argv=lambda _dir: smoke_argv, gpu=target.gpu.sku,
+                argv=smoke_argv, gpu=target.gpu.sku,
             )
         )
         return keys
@@ -317,7 +337,7 @@ class _Planner:
         return self.add(
             target, "build", kind=ENTRY_KINDS[target.runtime], params=params, inputs=[checkpoint],
             toolchain=self.toolchain, toolchain_stage=f"build:{target.runtime}",
-            argv=lambda _dir: None,
+            argv=_no_argv,
         )
 
 

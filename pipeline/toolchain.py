@@ -8,9 +8,10 @@ what the pool really runs. `rebuild_on` is the policy: which fields force a rebu
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Final
+from typing import Any, Final
 
 from pipeline.recipe import TOOLCHAIN_FIELDS, ToolchainPins
+from registry.errors import UsageError
 from registry.gpus import GpuSpec
 
 
@@ -81,3 +82,101 @@ def key_toolchain(
         for name in STAGE_FIELDS[stage]
         if name in ("gpu", "sm") or name in rebuild_on
     }
+
+
+PACKAGES: Final = {
+    "tensorrt": "tensorrt", "trtllm": "tensorrt_llm", "modelopt": "nvidia-modelopt",
+    "torch": "torch", "transformers": "transformers", "vllm": "vllm",
+}
+_VERSIONS_SCRIPT: Final = (
+    "import importlib.metadata as m, json, sys\n"
+    "out = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    try: out[name] = m.version(name)\n"
+    "    except m.PackageNotFoundError: out[name] = None\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def _package_versions(python: str) -> dict[str, str | None]:
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-c", _VERSIONS_SCRIPT, *PACKAGES.values()],
+                              capture_output=True, text=True, timeout=60, check=True)
+        found: dict[str, str | None] = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return dict.fromkeys(PACKAGES)
+    # local build tags (2.13.0+cpu) do not change what a stage produces
+    return {part: (found.get(dist) or "").split("+")[0] or None for part, dist in PACKAGES.items()}
+
+
+def _nvidia_smi() -> tuple[str | None, str | None, str | None, int]:
+    """(GPU name, driver, CUDA version, count) from nvidia-smi, or Nones without a GPU."""
+    import re
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None, None, None, 0
+    try:
+        query = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+        banner = subprocess.run([smi], capture_output=True, text=True, timeout=30,
+                                check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None, None, 0
+    rows = [line.split(",") for line in query.splitlines() if line.strip()]
+    if not rows:
+        return None, None, None, 0
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", banner)
+    return rows[0][0].strip(), rows[0][1].strip(), cuda.group(1) if cuda else None, len(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    toolchain: Toolchain
+    gpu_name: str | None  # what nvidia-smi printed
+    gpu_count: int
+    note: str | None  # e.g. "no NVIDIA GPU on this machine"
+
+
+def probe(python: str, image: str | None = None) -> Probe:
+    """This machine's fingerprint: GPU (through the catalog), driver, CUDA, and the versions
+    of TensorRT, TRT-LLM, modelopt, torch, transformers and vLLM in *python*."""
+    from registry.gpus import UnknownGpuError, lookup_gpu
+
+    name, driver, cuda, count = _nvidia_smi()
+    versions = _package_versions(python)
+    gpu = sm = None
+    note = None
+    if name is None:
+        note = "no NVIDIA GPU on this machine (nvidia-smi not found or lists none)"
+    else:
+        try:
+            spec = lookup_gpu(name)
+            gpu, sm = spec.sku, spec.sm
+        except UnknownGpuError:
+            note = f"GPU {name!r} is not in the catalog"
+    return Probe(
+        Toolchain(gpu=gpu, sm=sm, driver=driver, cuda=cuda, image=image, **versions),
+        name, count, note,
+    )
+
+
+def for_build(probed: Toolchain, pins: ToolchainPins) -> Toolchain:
+    """The toolchain a build on this machine keys its stages with: what is installed here,
+    over the builder image's versions. A recipe pin that this machine contradicts is an
+    error: an artifact must never be keyed with a toolchain it was not built with."""
+    found: dict[str, Any] = {
+        k: v for k, v in probed.as_dict().items() if v is not None and k not in ("gpu", "sm")
+    }
+    for name, pinned in pins.model_dump(exclude={"rebuild_on"}).items():
+        if pinned and found.get(name) not in (None, pinned):
+            raise UsageError(
+                f"the recipe pins toolchain.{name} {pinned!r}, this machine has "
+                f"{found[name]!r}; build where the pin holds, or change the pin"
+            )
+    return replace(BUILDER_IMAGE, **found).pinned(pins)

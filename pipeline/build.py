@@ -1,0 +1,102 @@
+"""build: a recipe's stage chain, run for real on this machine (the `enginectl build` verb).
+
+Keys are computed with this machine's toolchain (probed), so what a builder publishes is
+keyed by what it was really built with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.execute import BuildSummary, Executor, Outcome, lookup, selected_keys
+from pipeline.keys import short_key
+from pipeline.plan import Plan, plan_recipe
+from pipeline.recipe import load_recipe
+from pipeline.report import plan_lines
+from pipeline.settings import Settings
+from pipeline.toolchain import for_build, probe
+from registry import records
+from registry.context import Context
+from registry.errors import UsageError
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    hits: set[str]
+    summary: BuildSummary = field(default_factory=BuildSummary)
+
+
+def _describe(outcome: Outcome) -> str:
+    mark = {"built": "built  ", "reused": "reused ", "failed": "FAILED ", "skipped": "skipped",
+            "pending-smoke": "smoke? ", "waiting": "waiting"}[outcome.status]
+    where = outcome.targets[0] + (f" (+{len(outcome.targets) - 1})" if len(outcome.targets) > 1
+                                  else "")
+    timing = f" {outcome.seconds:.1f}s" if outcome.status == "built" else ""
+    return f"{mark} {outcome.stage:<8} {short_key(outcome.key)}  {where}{timing}"
+
+
+def build_recipe(
+    recipe: Path,
+    *,
+    jobs: int = 2,
+    only: str | None = None,
+    force: bool = False,
+    keep_going: bool = False,
+    dry_run: bool = False,
+    echo: Echo | None = None,
+    ctx: Context | None = None,
+) -> BuildResult:
+    loaded = load_recipe(recipe)
+    settings = Settings.from_env()
+    found = probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
+    plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
+    keys = selected_keys(plan, only)
+    if not keys:
+        raise UsageError(f"--only {only!r} matches no target of {recipe}")
+    ctx = ctx or Context()
+    try:
+        hits = set() if force else set(lookup(ctx, keys))
+        result = BuildResult(plan, hits)
+        if dry_run:
+            return result
+        with ctx.registry.session() as session:
+            records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
+        report = (lambda outcome: echo(_describe(outcome))) if echo else None
+        executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
+                            keep_going=keep_going, report=report)
+        result.summary = executor.run(keys)
+        return result
+    finally:
+        ctx.close()
+
+
+def dry_run_lines(result: BuildResult) -> list[str]:
+    return plan_lines(result.plan, built=frozenset(result.hits))
+
+
+def summary_lines(result: BuildResult) -> list[str]:
+    summary = result.summary
+    lines = [
+        "",
+        (f"built {summary.count('built')}, reused {summary.count('reused')}, "
+         f"failed {summary.count('failed')}, skipped {summary.count('skipped')}; "
+         f"reuse saved {sum(o.saved_seconds for o in summary.outcomes):.1f}s of stage time"),
+    ]
+    for outcome in summary.outcomes:
+        if outcome.status == "built":
+            lines.append(f"  {outcome.stage:<8} {short_key(outcome.key)} {outcome.seconds:7.1f}s"
+                         f"  {outcome.digest}")
+    awaiting = [o for o in summary.outcomes if o.status == "pending-smoke"]
+    if awaiting:
+        lines.append(f"{len(awaiting)} artifacts await a smoke run (they stay 'built' until one "
+                     "passes):")
+        lines += [f"  {o.targets[0]}: {o.error}" for o in awaiting]
+    for outcome in summary.failed:
+        lines.append(f"FAILED {outcome.stage} {short_key(outcome.key)}: {outcome.error}")
+    return lines

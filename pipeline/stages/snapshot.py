@@ -1,0 +1,75 @@
+"""snapshot: pin the source checkpoint — a local directory, `hf://org/repo` at a commit, or an
+`s3://` prefix — and refuse what would quantize garbage (Git LFS pointers, empty weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import StageError
+from pipeline.recipe import LoadedRecipe, local_source_dir
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def check_checkpoint(root: Path, key: str) -> None:
+    """A checkpoint directory has config.json and real weights."""
+    if not (root / "config.json").is_file():
+        raise StageError("snapshot", key, f"{root} has no config.json")
+    weights = [p for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
+    if not weights:
+        kinds = ", ".join(WEIGHT_SUFFIXES)
+        raise StageError("snapshot", key, f"{root} has no weight files ({kinds})")
+    for path in weights:
+        size = path.stat().st_size
+        if size == 0:
+            raise StageError("snapshot", key, f"{path} is empty; refusing to build from it")
+        with path.open("rb") as handle:
+            if handle.read(len(LFS_POINTER)) == LFS_POINTER:
+                raise StageError(
+                    "snapshot", key,
+                    f"{path} is a Git LFS pointer, not weights; run `git lfs pull` in the source",
+                )
+
+
+def snapshot(loaded: LoadedRecipe, out_dir: Path, key: str) -> Path:
+    """The directory holding the source checkpoint (a local source is used in place)."""
+    model = loaded.recipe.model
+    if model.is_local:
+        root = local_source_dir(loaded.recipe, loaded.base_dir)
+    elif model.source.startswith("hf://"):
+        from huggingface_hub import snapshot_download
+
+        repo = model.source.removeprefix("hf://")
+        try:
+            root = Path(snapshot_download(repo_id=repo, revision=model.revision, local_dir=out_dir))
+        except Exception as exc:  # hub and network errors have no common base worth naming
+            raise StageError("snapshot", key, f"cannot download {model.source}@{model.revision}: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    else:
+        root = _download_s3(model.source, out_dir, key)
+    check_checkpoint(root, key)
+    return root
+
+
+def _download_s3(url: str, out_dir: Path, key: str) -> Path:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from registry.config import RegistryConfig
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    client = boto3.client("s3", endpoint_url=RegistryConfig.from_env().s3_endpoint_url)
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                relative = item["Key"][len(prefix):]
+                if not relative or relative.endswith("/") or ".." in relative.split("/"):
+                    continue
+                target = out_dir / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                client.download_file(bucket, item["Key"], str(target))
+    except (BotoCoreError, ClientError) as exc:
+        raise StageError("snapshot", key, f"cannot download {url}: {exc}") from exc
+    return out_dir
