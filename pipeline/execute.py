@@ -189,18 +189,24 @@ class Executor:
         if run.stage == "smoke":
             entry = self.digests.get(run.inputs[0])
             return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
-                           error=f"run `enginectl smoke {entry}` where {run.gpu} and its "
-                                 "runtime are available")
+                           error=f"{entry} stays built until a smoke run passes; that needs "
+                                 f"{run.gpu} and its runtime")
         try:
-            digest = self._leased(run)
+            digest, built = self._leased(run)
         except StageError as exc:
             return Outcome(run.stage, run.key, "failed", run.targets,
                            seconds=time.monotonic() - started, error=str(exc))
+        if not built:  # another builder made it while we waited for its lease
+            with self.ctx.registry.session(readonly=True) as session:
+                record = records.get_artifact(session, digest)
+            assert record is not None  # noqa: S101 - the lookup just found it
+            return self._reuse(run, record)
         return Outcome(run.stage, run.key, "built", run.targets, digest=digest,
                        seconds=time.monotonic() - started)
 
-    def _leased(self, run: StageRun) -> str:
-        """Run *run* under its lease, or wait for the builder holding it and reuse."""
+    def _leased(self, run: StageRun) -> tuple[str, bool]:
+        """Run *run* under its lease, or wait for the builder holding it and reuse its
+        artifact: (digest, whether this builder built it)."""
         host = socket.gethostname()
         while True:
             with self.ctx.registry.session() as session:
@@ -211,7 +217,7 @@ class Executor:
             found = lookup(self.ctx, {run.key}).get(run.key)
             if found is not None:
                 self.digests[run.key] = found.digest
-                return found.digest
+                return found.digest, False
             if self.stop.is_set():
                 raise StageError(run.stage, run.key, "stopped while waiting for another builder")
             time.sleep(POLL_S)  # another builder holds the lease: poll until it finishes
@@ -219,7 +225,7 @@ class Executor:
         if found is not None:  # it finished between our lookup and the lease
             self._release(run, "succeeded", found.digest)
             self.digests[run.key] = found.digest
-            return found.digest
+            return found.digest, False
         renewer = _Renewer(self.ctx, run.key, self.owner)
         try:
             digest = self._build(run)
@@ -229,7 +235,7 @@ class Executor:
             raise
         renewer.stop()
         self._release(run, "succeeded", digest)
-        return digest
+        return digest, True
 
     def _release(self, run: StageRun, status: Literal["succeeded", "failed"],
                  digest: str | None, error: str | None = None) -> None:
