@@ -89,7 +89,8 @@ def test_build_publishes_every_stage_then_reuses_all(env: dict[str, str], tmp_pa
         files = {f.path for f in engines[0].files}
         assert {"config.json", "rank0.engine", "tokenizer.json"} <= files
         run = get_stage_run(session, engines[0].key or "")
-        assert run is not None and run.status == "succeeded"
+        assert run is not None
+        assert run.status == "succeeded"
         assert run.artifact_digest == engines[0].digest
     again = json.loads(build(env, recipe, "--json").stdout)
     assert (again["built"], again["reused"]) == (0, 6)
@@ -160,7 +161,7 @@ def test_two_builders_run_every_key_once(env: dict[str, str], tmp_path: Path,
 
 
 def test_a_killed_builders_lease_expires_and_is_taken_over(
-    env: dict[str, str], tmp_path: Path, registry_url: str
+    env: dict[str, str], tmp_path: Path
 ) -> None:
     recipe = write_recipe(tmp_path)
     env = {**env, "ENGINECTL_LEASE_TTL_S": "3"}

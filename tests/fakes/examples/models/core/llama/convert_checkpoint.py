@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-from cli_contract import parser_for  # noqa: E402
+from cli_contract import parser_for
 
 args = parser_for("trtllm-llama-convert", "convert_checkpoint.py").parse_args()
 hf = json.loads((Path(args.model_dir) / "config.json").read_text())
