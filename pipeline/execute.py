@@ -33,6 +33,7 @@ from pipeline.settings import Settings
 from pipeline.stages.work import StageJob, run_stage
 from registry import records
 from registry.context import Context
+from registry.digest import digest_file
 from registry.fetch import fetch_manifest, load_manifest
 from registry.publish import publish
 
@@ -242,7 +243,16 @@ class Executor:
         with self.ctx.registry.session() as session:
             records.release_lease(session, run.key, owner=self.owner, status=status,
                                   artifact_digest=digest, error=error,
-                                  log_location=str(self._log(run)))
+                                  log_location=self._publish_log(run))
+
+    def _publish_log(self, run: StageRun) -> str | None:
+        """Store the run's log as a blob; its digest is where `enginectl show` points."""
+        log = self._log(run)
+        if not log.is_file():
+            return None
+        digest = digest_file(log, with_sha256=False).xxh3
+        self.ctx.store.put_blob(digest, log)
+        return str(digest)
 
     def _log(self, run: StageRun) -> Path:
         return run.workdir / f"{run.stage}.log"

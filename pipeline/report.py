@@ -110,6 +110,11 @@ def show_lines(info: dict[str, Any]) -> list[str]:
     for report in info["smoke_reports"]:
         verdict = "passed" if report["passed"] else "FAILED"
         lines.append(f"  smoke     {verdict} at {report['created_at']}")
+    run = info.get("stage_run")
+    if run:
+        lines.append(f"  built     on {run['host']} from {run['started_at']} to "
+                     f"{run['finished_at']}; log blob {run['log'] or '-'}")
+        lines.append(f"  recipe    {run['recipe_digest'] or '-'}")
     lines.append("  provenance")
     lines += _tree(info["provenance"], "    ") or ["    (no inputs: a source or an import)"]
     return lines

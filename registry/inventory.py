@@ -48,6 +48,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
             for e in records.alias_history(session, name)
         ] for name in aliases}
         manifest = load_manifest(ctx, digest)
+        run = records.get_stage_run(session, record.key) if record.key else None
         provenance = _provenance(ctx, session, manifest.inputs, seen={digest})
     return {
         "artifact": artifact_dict(record, aliases),
@@ -55,6 +56,12 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         "alias_history": history,
         "smoke_reports": reports,
         "provenance": provenance,
+        "stage_run": None if run is None else {
+            "status": run.status, "host": run.host, "pid": run.pid,
+            "started_at": run.started_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+            "log": run.log_location, "recipe_digest": record.recipe_digest,
+        },
     }
 
 
