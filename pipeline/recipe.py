@@ -7,8 +7,10 @@ line and the bad value, with a "did you mean" for misspelt keys.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -83,7 +85,6 @@ def _gpu_name(value: Any) -> Any:
 
 GpuName = Annotated[str, BeforeValidator(_gpu_name)]
 Count = Annotated[int, Field(gt=0, le=_INT32_MAX)]
-Parallel = Annotated[int, Field(gt=0)]
 
 
 class _Model(BaseModel):
@@ -208,8 +209,8 @@ class MatrixFilter(_Model):
     """An `exclude` or `include` entry: each axis a value or a list of values."""
 
     gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    tp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    pp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    tp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    pp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] | None = None
     quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] | None = None
     kv_cache_dtype: (
         Annotated[list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)] | None
@@ -236,8 +237,8 @@ class MatrixFilter(_Model):
 
 class Matrix(_Model):
     gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)]
-    tp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] = [1]
-    pp: Annotated[list[Parallel], BeforeValidator(_as_list), Field(min_length=1)] = [1]
+    tp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] = [1]
+    pp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] = [1]
     quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] = ["bf16"]
     kv_cache_dtype: Annotated[
         list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)
@@ -362,6 +363,8 @@ class SmokeSettings(_Model):
     @classmethod
     def _non_negative(cls, prices: dict[str, float]) -> dict[str, float]:
         for gpu, price in prices.items():
+            if not math.isfinite(price):
+                raise ValueError(f"price for {gpu} is not a number: {price}")
             if price < 0:
                 raise ValueError(f"price for {gpu} is negative: {price}")
         return prices
@@ -421,6 +424,10 @@ class LoadedRecipe(BaseModel):
     def base_dir(self) -> Path:
         return self.path.parent
 
+    def line_of(self, *loc: int | str) -> int | None:
+        """The YAML line of the field at *loc*, e.g. `line_of("matrix", "exclude", 0)`."""
+        return _line_of(yaml.compose(self.text, Loader=yaml.SafeLoader), loc)
+
     @property
     def digest(self) -> str:
         """Identity of what the recipe says, not how it is written (comments, key order)."""
@@ -454,7 +461,12 @@ def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
             context = f"{exc.context}{started}: "
         problem = _one_line(f"{context}{exc.problem}")
         raise RecipeError(path, f"YAML syntax error: {problem}", line=line) from exc
-    except yaml.YAMLError as exc:  # a ReaderError: bytes YAML does not allow
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        raise RecipeError(
+            path, f"YAML error: character #x{exc.character:04x}: {exc.reason}", line=line
+        ) from exc
+    except yaml.YAMLError as exc:
         raise RecipeError(path, f"YAML error: {_one_line(exc)}") from exc
     except RecursionError as exc:
         raise RecipeError(path, "YAML nested too deeply for a recipe") from exc
@@ -509,15 +521,21 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z_][\w-]*")
+
+
 def _field_path(loc: tuple[int | str, ...]) -> str:
+    """`matrix.shape[0].max_batch`; a key that is not a plain word is quoted: `smoke['a b']`."""
     text = ""
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
         elif part == "[key]":  # pydantic's marker for an error in a mapping's key
             text += " (key)"
+        elif not _PLAIN_KEY.fullmatch(part):
+            text += f"[{_quote(part)}]"
         else:
-            text += f".{part}" if text else str(part)
+            text += f".{part}" if text else part
     return text or "(top level)"
 
 
@@ -610,10 +628,8 @@ def read_config_architecture(model_dir: Path) -> Architecture:
 def _expand(raw: str, base_dir: Path) -> Path:
     """*raw* with `~` expanded (where it names a home) and made relative to *base_dir*."""
     path = Path(raw)
-    try:
+    with contextlib.suppress(RuntimeError):  # `~nobody`: left as written, then not found
         path = path.expanduser()
-    except RuntimeError:  # `~someone` with no such user: left as written, and not found
-        pass
     return path if path.is_absolute() else (base_dir / path)
 
 
@@ -621,7 +637,7 @@ def local_source_dir(recipe: Recipe, base_dir: Path) -> Path:
     return _expand(recipe.model.source.removeprefix("file://"), base_dir)
 
 
-def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
+def _architecture(path: Path, recipe: Recipe, node: yaml.Node | None) -> Architecture:
     declared = recipe.model.architecture
     if not recipe.model.is_local:
         if declared is None:
@@ -630,14 +646,17 @@ def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
                 f"{recipe.model.source!r} is not local, so declare the architecture "
                 "(num_layers, hidden_size, ...) in the recipe",
                 field="model.architecture",
+                line=_line_of(node, ("model",)),
             )
         return declared
-    model_dir = local_source_dir(recipe, base_dir)
+    model_dir = local_source_dir(recipe, path.parent)
+    line = _line_of(node, ("model", "source"))
     if not (model_dir / "config.json").is_file():
         raise RecipeError(
             path,
             f"local model directory {str(model_dir)!r} has no config.json",
             field="model.source",
+            line=line,
         )
     config = model_dir / "config.json"
     try:
@@ -649,14 +668,18 @@ def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
             f"{str(config)!r}: {_field_path(tuple(first['loc']))}: {_one_line(first['msg'])} "
             f"(got {_quote(first.get('input'))})",
             field="model.source",
+            line=line,
         ) from exc
     except KeyError as exc:
         raise RecipeError(
-            path, f"{str(config)!r} has no {exc.args[0]!r}", field="model.source"
+            path, f"{str(config)!r} has no {exc.args[0]!r}", field="model.source", line=line
         ) from exc
     except (OSError, ValueError, TypeError, IndexError) as exc:
         raise RecipeError(
-            path, f"cannot read {str(config)!r}: {_one_line(exc)}", field="model.source"
+            path,
+            f"cannot read {str(config)!r}: {_one_line(exc)}",
+            field="model.source",
+            line=line,
         ) from exc
     if declared is not None and declared != found:
         diff = [
@@ -665,7 +688,10 @@ def _architecture(path: Path, recipe: Recipe, base_dir: Path) -> Architecture:
             if getattr(declared, name) != getattr(found, name)
         ]
         raise RecipeError(
-            path, f"does not match config.json ({'; '.join(diff)})", field="model.architecture"
+            path,
+            f"does not match config.json ({'; '.join(diff)})",
+            field="model.architecture",
+            line=_line_of(node, ("model", "architecture")),
         )
     return found
 
@@ -681,14 +707,17 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(path, node, exc) from exc
-    architecture = _architecture(path, recipe, path.parent)
+    architecture = _architecture(path, recipe, node)
     source_digest = None
     if recipe.model.is_local:
         try:
             source_digest = str(tree_digest(local_source_dir(recipe, path.parent)))
         except (OSError, ValueError) as exc:
             raise RecipeError(
-                path, f"cannot read the local model: {_one_line(exc)}", field="model.source"
+                path,
+                f"cannot read the local model: {_one_line(exc)}",
+                field="model.source",
+                line=_line_of(node, ("model", "source")),
             ) from exc
     return LoadedRecipe(
         path=path,
@@ -696,27 +725,31 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
         recipe=recipe,
         architecture=architecture,
         source_digest=source_digest,
-        calibration_file=_calibration_file(path, recipe.quantize.calibration),
+        calibration_file=_calibration_file(path, recipe.quantize.calibration, node),
     )
 
 
-def _calibration_file(path: Path, calibration: Calibration) -> Path | None:
+def _calibration_file(
+    path: Path, calibration: Calibration, node: yaml.Node | None
+) -> Path | None:
     if calibration.file is None:
         return None
     file = _expand(calibration.file, path.parent)
     field = "quantize.calibration.file"
+    line = _line_of(node, ("quantize", "calibration", "file"))
     try:
         found = str(sha256_of(file.read_bytes()))
-    except OSError as exc:
-        reason = _one_line(exc.strerror or exc)
-        raise RecipeError(path, f"cannot read {str(file)!r}: {reason}", field=field) from exc
-    except ValueError as exc:  # e.g. a NUL byte in the name
-        raise RecipeError(path, f"cannot read {str(file)!r}: {exc}", field=field) from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        reason = _one_line(getattr(exc, "strerror", None) or exc)
+        raise RecipeError(
+            path, f"cannot read {str(file)!r}: {reason}", field=field, line=line
+        ) from exc
     if found != calibration.digest:
         raise RecipeError(
             path,
             f"{str(file)!r} has digest {found}, the recipe says {calibration.digest}",
             field="quantize.calibration.digest",
+            line=_line_of(node, ("quantize", "calibration", "digest")),
         )
     return file
 

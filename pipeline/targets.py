@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PlanError, RecipeError
-from pipeline.memory import GIB, Fit, memory_fit
+from pipeline.memory import Fit, memory_fit
 from pipeline.recipe import (
     Architecture,
     KvCacheDtype,
@@ -121,6 +121,7 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
                         path,
                         f"no shape named {name!r} (shapes: {', '.join(sorted(shape_names))})",
                         field=f"matrix.{section}[{index}].shape",
+                        line=loaded.line_of("matrix", section, index, "shape"),
                     )
             for runtime in entry.runtime or []:
                 if runtime not in runtimes:
@@ -128,6 +129,7 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
                         path,
                         f"runtime {runtime!r} has no 'serve.{runtime}' section",
                         field=f"matrix.{section}[{index}].runtime",
+                        line=loaded.line_of("matrix", section, index, "runtime"),
                     )
 
     everything = _product(matrix, runtimes, None)
@@ -138,6 +140,7 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
                 path,
                 "matches no target of the matrix (a typo, or a leftover?)",
                 field=f"matrix.exclude[{index}]",
+                line=loaded.line_of("matrix", "exclude", index),
             )
         targets = [t for t in targets if not _matches(t, entry)]
     seen = {t.id for t in targets}
@@ -148,11 +151,17 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
                     path,
                     f"adds {target.id}, which the matrix already has (duplicate target)",
                     field=f"matrix.include[{index}]",
+                    line=loaded.line_of("matrix", "include", index),
                 )
             seen.add(target.id)
             targets.append(target)
     if not targets:
-        raise RecipeError(path, "every target is excluded; nothing to plan", field="matrix")
+        raise RecipeError(
+            path,
+            "every target is excluded; nothing to plan",
+            field="matrix",
+            line=loaded.line_of("matrix"),
+        )
     return targets
 
 
@@ -264,8 +273,7 @@ def _check_memory(path: Path, target: Target, arch: Architecture, dtype: str) ->
         raise PlanError(
             path,
             target.id,
-            f"does not fit: needs {fit.needed_bytes / GIB:.1f} GiB per rank of "
-            f"{fit.capacity_bytes / GIB:.1f} ({fit.summary()})",
+            f"does not fit: needs {fit.summary()}",
             fix,
         )
     return fit
