@@ -453,5 +453,16 @@ def current() -> None:
                f"(this enginectl: {head_revision()})")
 
 
+def entry() -> None:
+    """The console script: click's own usage errors become one line and exit 2, too."""
+    try:
+        main.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("interrupted", 130)
+    except click.ClickException as exc:
+        where = f"{exc.ctx.command_path}: " if getattr(exc, "ctx", None) else ""
+        _fail(f"{where}{exc.format_message()} (see --help)", exc.exit_code)
+
+
 if __name__ == "__main__":
-    main()
+    entry()
