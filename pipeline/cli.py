@@ -460,7 +460,8 @@ def entry() -> None:
     except click.exceptions.Abort:
         _fail("interrupted", 130)
     except click.ClickException as exc:
-        where = f"{exc.ctx.command_path}: " if getattr(exc, "ctx", None) else ""
+        ctx = getattr(exc, "ctx", None)  # usage errors know their command
+        where = f"{ctx.command_path}: " if ctx is not None else ""
         _fail(f"{where}{exc.format_message()} (see --help)", exc.exit_code)
 
 

@@ -111,10 +111,14 @@ class Executor:
         self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
         self.gpu_locks: dict[str, threading.Lock] = {}
         self.stop = threading.Event()
+        self.previous_runs: dict[str, records.StageRunRecord] = {}
 
     def run(self, keys: set[str]) -> BuildSummary:
         summary = BuildSummary()
         hits = {} if self.force else lookup(self.ctx, keys)
+        if hits:
+            with self.ctx.registry.session(readonly=True) as session:
+                self.previous_runs = records.get_stage_runs(session, set(hits))
         order = [key for key in self.plan.stages if key in keys]
         pending = dict.fromkeys(order)
         running: dict[Future[Outcome], str] = {}
@@ -177,8 +181,10 @@ class Executor:
 
     def _reuse(self, run: StageRun, record: records.ArtifactRecord) -> Outcome:
         self.digests[run.key] = record.digest
-        with self.ctx.registry.session(readonly=True) as session:
-            previous = records.get_stage_run(session, run.key)
+        previous = self.previous_runs.get(run.key)
+        if previous is None:
+            with self.ctx.registry.session(readonly=True) as session:
+                previous = records.get_stage_run(session, run.key)
         saved = 0.0
         if previous is not None and previous.finished_at is not None:
             saved = (previous.finished_at - previous.started_at).total_seconds()

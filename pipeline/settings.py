@@ -5,13 +5,15 @@
     ENGINECTL_WORK_DIR        stage work directories (default: <home>/work)
     ENGINECTL_TRTLLM_EXAMPLES TensorRT-LLM's examples/
                               (default: /app/tensorrt_llm/examples, as in the release image)
-    ENGINECTL_PYTHON          the Python that runs TRT-LLM and modelopt scripts (default: python3)
+    ENGINECTL_PYTHON          the Python that runs TRT-LLM and modelopt scripts
+                              (default: the Python running enginectl)
     ENGINECTL_VLLM_PYTHON     the Python of vLLM's environment (default: python3)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,6 @@ class Settings:
             trtllm_examples=Path(
                 env.get("ENGINECTL_TRTLLM_EXAMPLES") or "/app/tensorrt_llm/examples"
             ),
-            python=env.get("ENGINECTL_PYTHON") or "python3",
+            python=env.get("ENGINECTL_PYTHON") or sys.executable,
             vllm_python=env.get("ENGINECTL_VLLM_PYTHON") or "python3",
         )

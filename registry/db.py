@@ -31,12 +31,8 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
@@ -44,11 +40,19 @@ from sqlalchemy.orm import ORMExecuteState, Session
 
 from registry.errors import ConflictError, RegistryError, SchemaError
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 SQLITE_BUSY_TIMEOUT_S: Final = 30
 _READONLY: Final = "enginectl_readonly"
 _PG_LOCK_ID: Final = 0x656E67696E6563  # "enginec": one advisory lock id for migrations
 
 SchemaState = Literal["empty", "current", "behind", "newer"]
+
+HEAD: Final = "0001"
+"""The newest migration in migrations/versions. Alembic (a slow import) is only loaded when
+a database is not at HEAD; tests check this constant against Alembic's own head."""
 
 
 def migrations_dir() -> Path:
@@ -61,6 +65,8 @@ def migrations_dir() -> Path:
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()).replace("%", "%%"))
     if connection is not None:
@@ -70,6 +76,8 @@ def _alembic_config(connection: Connection | None = None) -> Config:
 
 @functools.cache
 def _script() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_alembic_config())
 
 
@@ -85,7 +93,7 @@ def schema_state(revision: str | None) -> SchemaState:
     """Where a database at *revision* stands against this binary's migrations."""
     if revision is None:
         return "empty"
-    if revision == head_revision():
+    if revision == HEAD or revision == head_revision():
         return "current"
     known = {script.revision for script in _script().walk_revisions()}
     return "behind" if revision in known else "newer"
@@ -181,7 +189,16 @@ def make_engine(url: str) -> Engine:
 
 
 def _read_revision(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()
+    """The revision in alembic_version (None for a database without one), read with plain
+    SQL so that opening a current registry never imports Alembic."""
+    from sqlalchemy import inspect
+
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) > 1:
+        raise SchemaError(f"registry has {len(rows)} schema revisions {rows}; expected one")
+    return rows[0] if rows else None
 
 
 def _peek_revision(engine: Engine) -> str | None:
@@ -217,6 +234,8 @@ def _migrate_if(engine: Engine, wanted: set[SchemaState]) -> str | None:
                 revision = _read_revision(connection)
                 if schema_state(revision) not in wanted:
                     return revision
+                from alembic import command
+
                 command.upgrade(_alembic_config(connection), "head")
                 if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
                     raise SchemaError(

@@ -441,6 +441,14 @@ def get_stage_run(session: Session, key: str) -> StageRunRecord | None:
     return None if row is None else StageRunRecord(**row._asdict())
 
 
+def get_stage_runs(session: Session, keys: set[str]) -> dict[str, StageRunRecord]:
+    """The stage runs of *keys* that exist, in one query."""
+    if not keys:
+        return {}
+    query = select(StageRun.__table__).where(StageRun.key.in_(sorted(keys)))
+    return {row.key: StageRunRecord(**row._asdict()) for row in session.execute(query)}
+
+
 def record_recipe(session: Session, digest: str, name: str, text: str) -> bool:
     """Store a recipe's text under its content digest; False when it was already there."""
     stmt = _insert(session, Recipe).values(

@@ -105,3 +105,11 @@ def test_digest_parsing_is_strict(text: str) -> None:
 def test_sha256_of_json_matches_canonical_bytes() -> None:
     value = {"b": [1, 2], "a": "x"}
     assert sha256_of_json(value).hex == hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def test_the_registry_schema_head_constant_matches_alembic() -> None:
+    """registry.db.HEAD lets a current registry open without importing Alembic; it must
+    name the newest migration."""
+    from registry import db
+
+    assert db.HEAD == db.head_revision()
