@@ -30,17 +30,14 @@ from registry.digest import Digest, sha256_of
 from registry.errors import ManifestError
 
 SCHEMA: Final = "enginectl.manifest/v1"
-KINDS: Final = frozenset(
-    {
-        "trtllm-engine",
-        "trtllm-checkpoint",
-        "vllm",
-        "hf-checkpoint",
-        "quantized-checkpoint",
-        "converted-checkpoint",
-    }
+KINDS: Final = (  # the artifact kinds; the registry's `kind` column holds one of these
+    "trtllm-engine",
+    "trtllm-checkpoint",
+    "vllm",
+    "hf-checkpoint",
+    "quantized-checkpoint",
+    "converted-checkpoint",
 )
-SERVABLE_KINDS: Final = frozenset({"trtllm-engine", "trtllm-checkpoint", "vllm"})
 LABELS: Final = (
     "model", "runtime", "gpu", "sm", "quant", "kv_cache_dtype", "tp", "pp",
     "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",

@@ -31,14 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-ARTIFACT_KINDS: Final = (
-    "trtllm-engine",
-    "trtllm-checkpoint",
-    "vllm",
-    "hf-checkpoint",
-    "quantized-checkpoint",
-    "converted-checkpoint",
-)
+from registry.manifest import KINDS
+
+ARTIFACT_KINDS: Final = tuple(KINDS)
 ARTIFACT_STATUSES: Final = ("building", "built", "ready", "quarantined", "superseded", "deleted")
 RUN_STATUSES: Final = ("running", "succeeded", "failed")
 
