@@ -1,0 +1,68 @@
+"""The CPU main job as CI runs it: `enginectl build` of the tiny recipe, for real.
+
+Real snapshot, real modelopt FP8 and INT4-AWQ quantization (unified HF exports for the
+TRT-LLM PyTorch backend), the PyTorch-backend and vLLM entries, all published to the
+embedded defaults (SQLite, file store); then a second build reuses every stage.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.helpers import RECIPES
+from tests.quantize.conftest import offline_env
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+
+
+def test_tiny_recipe_builds_for_real_then_reuses_everything(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    data = yaml.safe_load((RECIPES / "tiny-llama-cpu.yaml").read_text())
+    data["model"]["source"] = str(tiny_model)
+    data["quantize"]["calibration"]["file"] = str(RECIPES / "calibration" / "tiny.jsonl")
+    recipe = tmp_path / "tiny-llama-cpu.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    env = {**offline_env(), "ENGINECTL_HOME": str(tmp_path / "home")}
+    env.pop("ENGINECTL_REGISTRY_URL", None)
+    env.pop("ENGINECTL_STORE_URL", None)
+
+    def build(*args: str) -> dict:
+        done = subprocess.run([ENGINECTL, "build", str(recipe), "--json", *args], env=env,
+                              capture_output=True, text=True, timeout=1800, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = build("--jobs", "2")
+    built = {(s["stage"], s["status"]) for s in first["stages"]}
+    assert ("quantize", "built") in built
+    # snapshot, two HF quantizations (FP8, INT4-AWQ), two PyTorch-backend entries, one vLLM
+    assert first["built"] == 6
+    assert first["failed"] == 0
+    assert first["pending_smoke"] == 3
+
+    listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json"], env=env, check=True,
+                                       capture_output=True, text=True).stdout)
+    kinds = sorted(row["kind"] for row in listed)
+    assert kinds == ["hf-checkpoint", "quantized-checkpoint", "quantized-checkpoint",
+                     "trtllm-checkpoint", "trtllm-checkpoint", "vllm"]
+    quantized = {row["quant"]: row for row in listed if row["kind"] == "quantized-checkpoint"}
+    assert set(quantized) == {"fp8", "int4_awq"}
+
+    fp8 = tmp_path / "fp8"
+    subprocess.run([ENGINECTL, "fetch", quantized["fp8"]["digest"], "-o", str(fp8)], env=env,
+                   check=True, capture_output=True)
+    assert (fp8 / "config.json").is_file()
+    assert (fp8 / "tokenizer.json").is_file()
+    assert any(fp8.glob("*.safetensors"))
+    assert "quantization_config" in json.loads((fp8 / "config.json").read_text()) or (
+        fp8 / "hf_quant_config.json").is_file()
+
+    again = build()
+    assert again["built"] == 0
+    assert again["reused"] == 6
