@@ -165,11 +165,37 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
     return targets
 
 
-def check_target(path: Path, target: Target, arch: Architecture, dtype: str) -> Fit:
+def check_target(
+    path: Path, target: Target, arch: Architecture, dtype: str, awq_block_size: int = 128
+) -> Fit:
     """Fail fast on what cannot work; return the memory fit of what can."""
     _check_support(path, target)
     _check_shape(path, target, arch)
+    _check_awq_groups(path, target, arch, awq_block_size)
     return _check_memory(path, target, arch, dtype)
+
+
+def _check_awq_groups(path: Path, target: Target, arch: Architecture, block: int) -> None:
+    """AWQ quantizes in groups of `awq_block_size` input features, per rank: a row-parallel
+    layer (o_proj, down_proj) split over tp must keep whole groups. modelopt only finds out
+    after calibrating."""
+    if target.quant not in ("int4_awq", "w4a8_awq"):
+        return
+    ranks = target.tp if target.runtime == "trtllm" else 1  # HF exports are not split
+    layers = {
+        "o_proj": arch.num_attention_heads * arch.resolved_head_dim // ranks,
+        "down_proj": arch.intermediate_size // ranks,
+        "q/k/v/gate/up_proj": arch.hidden_size,
+    }
+    for name, features in layers.items():
+        if features % block:
+            raise PlanError(
+                path,
+                target.id,
+                f"quantize.awq_block_size {block} does not divide the {features} input "
+                f"features of {name} per rank at tp {ranks}",
+                "use awq_block_size 64, a smaller tp, or exclude this target",
+            )
 
 
 def _check_support(path: Path, target: Target) -> None:
@@ -301,6 +327,7 @@ def _what_fits(arch: Architecture, target: Target, dtype: str) -> str:
 
 def plan_targets(loaded: LoadedRecipe) -> list[tuple[Target, Fit]]:
     return [
-        (t, check_target(loaded.path, t, loaded.architecture, loaded.recipe.model.dtype))
+        (t, check_target(loaded.path, t, loaded.architecture, loaded.recipe.model.dtype,
+                         loaded.recipe.quantize.awq_block_size))
         for t in expand_matrix(loaded)
     ]
