@@ -7,13 +7,17 @@ keyed by what it was really built with.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.execute import BuildSummary, Executor, Outcome, lookup, selected_keys
 from pipeline.keys import short_key
-from pipeline.plan import Plan, plan_recipe
+from pipeline.plan import Plan, StageRun, plan_recipe
 from pipeline.recipe import load_recipe
 from pipeline.report import plan_lines
 from pipeline.settings import Settings
@@ -67,6 +71,13 @@ def build_recipe(
             return result
         with ctx.registry.session() as session:
             records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
+        if echo is not None and sys.stdout.isatty():
+            with LiveView(plan, keys) as view:
+                executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
+                                    keep_going=keep_going, report=view.finished,
+                                    started=view.started)
+                result.summary = executor.run(keys)
+            return result
         report = (lambda outcome: echo(_describe(outcome))) if echo else None
         executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
                             keep_going=keep_going, report=report)
@@ -74,6 +85,60 @@ def build_recipe(
         return result
     finally:
         ctx.close()
+
+
+class LiveView:
+    """A live table of the stage runs on a terminal: waiting, running (with time), done."""
+
+    def __init__(self, plan: Plan, keys: set[str]) -> None:
+        from rich.live import Live
+
+        self.plan = plan
+        self.keys = [key for key in plan.stages if key in keys]
+        self.state: dict[str, str] = dict.fromkeys(self.keys, "waiting")
+        self.began: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.live = Live(self._table(), refresh_per_second=4, transient=False)
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for column in ("stage", "key", "target", "state"):
+            table.add_column(column)
+        now = time.monotonic()
+        for key in self.keys:
+            run = self.plan.stages[key]
+            state = self.state[key]
+            if state == "running":
+                state = f"[yellow]running {now - self.began[key]:.0f}s[/yellow]"
+            elif state.startswith("built"):
+                state = f"[green]{state}[/green]"
+            elif state.startswith(("FAILED", "skipped")):
+                state = f"[red]{state}[/red]"
+            more = f" (+{len(run.targets) - 1})" if len(run.targets) > 1 else ""
+            table.add_row(run.stage, short_key(key), run.targets[0] + more, state)
+        return table
+
+    def started(self, run: StageRun) -> None:
+        with self.lock:
+            self.state[run.key] = "running"
+            self.began[run.key] = time.monotonic()
+            self.live.update(self._table())
+
+    def finished(self, outcome: Outcome) -> None:
+        with self.lock:
+            label = {"built": f"built {outcome.seconds:.1f}s", "failed": "FAILED",
+                     "pending-smoke": "awaits smoke"}.get(outcome.status, outcome.status)
+            self.state[outcome.key] = label
+            self.live.update(self._table())
+
+    def __enter__(self) -> LiveView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
 
 
 def dry_run_lines(result: BuildResult) -> list[str]:

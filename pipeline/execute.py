@@ -82,6 +82,7 @@ class BuildSummary:
 
 
 Reporter = Callable[[Outcome], None]
+Starter = Callable[[StageRun], None]
 
 
 def selected_keys(plan: Plan, only: str | None) -> set[str]:
@@ -102,10 +103,11 @@ def lookup(ctx: Context, keys: set[str]) -> dict[str, records.ArtifactRecord]:
 class Executor:
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, jobs: int = 1,
                  force: bool = False, keep_going: bool = False,
-                 report: Reporter | None = None) -> None:
+                 report: Reporter | None = None, started: Starter | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.jobs, self.force, self.keep_going = max(1, jobs), force, keep_going
         self.report = report or (lambda _outcome: None)
+        self.started = started or (lambda _run: None)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.digests: dict[str, str] = {}  # key -> artifact digest, as runs finish
         self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
@@ -193,6 +195,7 @@ class Executor:
 
     def _one(self, run: StageRun) -> Outcome:
         started = time.monotonic()
+        self.started(run)
         if run.stage == "smoke":
             entry = self.digests.get(run.inputs[0])
             return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
