@@ -112,4 +112,4 @@ def test_the_registry_schema_head_constant_matches_alembic() -> None:
     name the newest migration."""
     from registry import db
 
-    assert db.HEAD == db.head_revision()
+    assert db.head_revision() == db.HEAD
