@@ -292,12 +292,14 @@ def fetch(ref: str, output: Path, verify: str, force: bool, as_json: bool) -> No
 @click.argument("ref")
 @click.argument("alias")
 @click.option("--note", help="Why (kept in the alias history).")
+@click.option("--allow-unready", is_flag=True,
+              help="Tag a built (not yet smoke-tested) artifact; recorded in the history.")
 @handle_errors
-def tag(ref: str, alias: str, note: str | None) -> None:
-    """Point ALIAS at the artifact REF."""
+def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
+    """Point ALIAS at the artifact REF (only ready artifacts, unless overridden)."""
     from registry.aliases import tag as tag_artifact
 
-    digest, previous = tag_artifact(_context(), ref, alias, note)
+    digest, previous = tag_artifact(_context(), ref, alias, note, allow_unready=allow_unready)
     moved = f" (was {previous})" if previous and previous != digest else ""
     click.echo(f"{alias} -> {digest}{moved}")
 

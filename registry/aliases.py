@@ -5,17 +5,35 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from registry import records
+from registry.errors import UsageError
 from registry.refs import check_alias_name, resolve_ref
 
 if TYPE_CHECKING:
     from registry.context import Context
 
 
-def tag(ctx: Context, ref: str, alias: str, note: str | None = None) -> tuple[str, str | None]:
-    """Point *alias* at the artifact *ref* names; returns (digest, previous digest)."""
+def tag(
+    ctx: Context, ref: str, alias: str, note: str | None = None, *, allow_unready: bool = False
+) -> tuple[str, str | None]:
+    """Point *alias* at the artifact *ref* names; returns (digest, previous digest).
+
+    Aliases move only to `ready` artifacts (smoke-tested); *allow_unready* overrides that
+    for an artifact that cannot be smoke-tested here, and the override is recorded in the
+    alias history."""
     check_alias_name(alias)
     with ctx.registry.session() as session:
         digest = resolve_ref(session, ref)
+        record = records.get_artifact(session, digest)
+        status = record.status if record is not None else "unknown"
+        if status != "ready":
+            if not allow_unready or status in ("quarantined", "deleted"):
+                raise UsageError(
+                    f"artifact {digest[:19]}… is {status}, not ready: aliases move only to "
+                    "smoke-tested artifacts"
+                    + ("" if status in ("quarantined", "deleted")
+                       else "; `enginectl smoke` it, or pass --allow-unready to override")
+                )
+            note = f"override: tagged while {status}" + (f"; {note}" if note else "")
         return digest, records.set_alias(session, alias, digest, note)
 
 

@@ -199,6 +199,18 @@ def test_refs_aliases_and_history(ctx: Context, tmp_path: Path) -> None:
         tag(ctx, one.digest[7:15], "x")
     with pytest.raises(UsageError, match="not a valid name"):
         tag(ctx, one.digest, "deadbeefdeadbeef")
+    built = import_artifact(ctx, make_engine(tmp_path / "c", seed=3), engine_spec(status="built"))
+    with pytest.raises(UsageError, match="not ready"):
+        tag(ctx, built.digest, "m/h100/canary")
+    assert tag(ctx, built.digest, "m/h100/canary", allow_unready=True)[0] == built.digest
+    with ctx.registry.session(readonly=True) as session:
+        (event,) = records.alias_history(session, "m/h100/canary")
+    assert event.note is not None
+    assert event.note.startswith("override: tagged while built")
+    with ctx.registry.session() as session:
+        records.set_status(session, two.digest, "quarantined", "smoke failed")
+    with pytest.raises(UsageError, match="quarantined"):
+        tag(ctx, two.digest, "m/h100/other", allow_unready=True)
     assert untag(ctx, "m/h100/prod") == two.digest
     with pytest.raises(RecordNotFoundError):
         fetch(ctx, "m/h100/prod", tmp_path / "out")
