@@ -1,0 +1,214 @@
+"""A stand-in OpenAI server for the smoke harness's own tests (stdlib only).
+
+    python openai_server.py MODEL_DIR --host H --port P [--served-model-name NAME]
+                            [--max-model-len N]        (other flags are accepted and ignored)
+    python openai_server.py --model MODEL_DIR ...      (vLLM's spelling)
+
+It serves the routes vLLM and trtllm-serve expose — GET /health, GET /v1/models, POST
+/v1/completions (with `stream: true` as server-sent events ending in `data: [DONE]`, and
+`stream_options.include_usage`), POST /v1/chat/completions, POST /tokenize — and "generates"
+deterministic words: the same prompt always gives the same text, one word per token, never an
+end of sequence. Prompt tokens are whitespace-separated words (plus one for BOS).
+
+Knobs (environment):
+    FAKE_OPENAI_FAIL_GENERATION=1   /health is 200, every generation answers 500
+    FAKE_OPENAI_TRUNCATE=N          prompts are silently cut to N tokens (usage says N)
+    FAKE_OPENAI_NO_TOKENIZE=1       no /tokenize route (404), as trtllm-serve
+    FAKE_OPENAI_STRICT=1            fields beyond the OpenAI API (ignore_eos, stream_options)
+                                    are refused with 400, and streams carry no usage
+A MODEL_DIR that is not a directory makes it exit 1 at start, as a real server would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliet", "kilo", "lima", "mike", "november", "oscar", "papa")
+
+
+class Fake:
+    def __init__(self, name: str, max_model_len: int) -> None:
+        self.name = name
+        self.max_model_len = max_model_len
+        self.fail = os.environ.get("FAKE_OPENAI_FAIL_GENERATION") == "1"
+        truncate = os.environ.get("FAKE_OPENAI_TRUNCATE")
+        self.truncate = int(truncate) if truncate else None
+        self.tokenize = os.environ.get("FAKE_OPENAI_NO_TOKENIZE") != "1"
+        self.strict = os.environ.get("FAKE_OPENAI_STRICT") == "1"
+
+    @staticmethod
+    def tokens(text: str) -> list[int]:
+        """BOS then one id per word."""
+        return [1, *(zlib.crc32(word.encode()) % 30000 + 10 for word in text.split())]
+
+    def prompt_tokens(self, text: str) -> int:
+        count = len(self.tokens(text))
+        return count if self.truncate is None else min(count, self.truncate)
+
+    @staticmethod
+    def generate(text: str, count: int) -> list[str]:
+        start = zlib.crc32(text.encode())
+        return [" " + WORDS[(start + i) % len(WORDS)] for i in range(count)]
+
+
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """The fake's chat template."""
+    turns = [f"<{m.get('role')}> {m.get('content')}" for m in messages]
+    return " ".join([*turns, "<assistant>"])
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: FakeHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        print(f"fake-openai: {format % args}", flush=True)
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": {"message": message, "code": status}})
+
+    def do_GET(self) -> None:
+        fake = self.server.fake
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [
+                {"id": fake.name, "object": "model", "max_model_len": fake.max_model_len}]})
+        else:
+            self._error(404, f"no route {self.path}")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError as exc:
+            self._error(400, f"bad JSON: {exc}")
+            return
+        fake = self.server.fake
+        if self.path == "/tokenize" and fake.tokenize:
+            text = body.get("prompt") or chat_prompt(body.get("messages") or [])
+            tokens = fake.tokens(text)
+            if body.get("add_special_tokens") is False:
+                tokens = tokens[1:]
+            self._json(200, {"count": len(tokens), "tokens": tokens,
+                             "max_model_len": fake.max_model_len})
+        elif self.path in ("/v1/completions", "/v1/chat/completions"):
+            self._generate(body, chat=self.path.endswith("chat/completions"))
+        else:
+            self._error(404, f"no route {self.path}")
+
+    def _generate(self, body: dict[str, Any], *, chat: bool) -> None:
+        fake = self.server.fake
+        if body.get("model") != fake.name:
+            self._error(404, f"The model `{body.get('model')}` does not exist.")
+            return
+        refused = [name for name in ("ignore_eos", "stream_options") if name in body]
+        if fake.strict and refused:
+            self._error(400, f"extra fields not permitted: {', '.join(refused)}")
+            return
+        if fake.fail:
+            self._error(500, "EngineCore encountered an issue (FAKE_OPENAI_FAIL_GENERATION)")
+            return
+        prompt = chat_prompt(body.get("messages") or []) if chat else str(body.get("prompt"))
+        max_tokens = int(body.get("max_tokens") or 16)
+        prompt_tokens = fake.prompt_tokens(prompt)
+        if prompt_tokens + max_tokens > fake.max_model_len:
+            self._error(400, f"This model's maximum context length is {fake.max_model_len} "
+                        f"tokens. However, you requested {prompt_tokens + max_tokens} tokens.")
+            return
+        words = fake.generate(prompt, max_tokens)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                 "total_tokens": prompt_tokens + len(words)}
+        kind = "chat.completion" if chat else "text_completion"
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(words, kind, chat=chat, usage=usage if include_usage else None)
+            return
+        text = "".join(words).strip() if chat else "".join(words)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        self._json(200, {"id": "fake-1", "object": kind, "created": int(time.time()),
+                         "model": fake.name, "choices": [choice], "usage": usage})
+
+    def _stream(self, words: list[str], kind: str, *, chat: bool,
+                usage: dict[str, int] | None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(payload: Any) -> None:
+            data = f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+            raw = data.encode()
+            self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            self.wfile.flush()
+
+        for i, word in enumerate(words):
+            last = i == len(words) - 1
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
+            if chat:
+                choice["delta"] = {"content": word}
+            else:
+                choice["text"] = word
+            event({"id": "fake-1", "object": f"{kind}.chunk", "model": self.server.fake.name,
+                   "choices": [choice]})
+        if usage is not None:
+            event({"id": "fake-1", "object": f"{kind}.chunk", "choices": [], "usage": usage})
+        event("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], fake: Fake) -> None:
+        super().__init__(address, Handler)
+        self.fake = fake
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="openai_server.py")
+    parser.add_argument("model_dir", nargs="?")
+    parser.add_argument("--model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args, ignored = parser.parse_known_args(argv)
+    model_dir = args.model or args.model_dir
+    if model_dir is None or not Path(model_dir).is_dir():
+        print(f"fake-openai: error: model directory {model_dir!r} does not exist", flush=True)
+        return 1
+    fake = Fake(args.served_model_name or model_dir, args.max_model_len)
+    with FakeHTTPServer((args.host, args.port), fake) as httpd:
+        print(f"fake-openai: serving {fake.name!r} on {args.host}:{args.port}"
+              f" (ignored: {' '.join(ignored) or 'nothing'})", flush=True)
+        httpd.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

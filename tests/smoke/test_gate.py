@@ -1,0 +1,55 @@
+"""The gate on a real failure: a model vLLM's CPU backend reports healthy for and then cannot
+serve (head_dim 16) must end quarantined, never ready; build exits 5; resolve skips it;
+tag refuses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.smoke.conftest import TinyModels
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+
+
+def test_a_model_that_cannot_generate_is_quarantined(
+    vllm_python: Path, tiny_models: TinyModels, tmp_path: Path
+) -> None:
+    recipe = {
+        "model": {"name": "broken-llama", "source": str(tiny_models.head_dim_16)},
+        "matrix": {"gpu": ["cpu"], "shape": [
+            {"name": "tiny", "max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}]},
+        "serve": {"vllm": {"enforce_eager": True}},
+        "smoke": {"max_tokens": 4, "concurrency": [1], "requests": 2, "ready_timeout_s": 600},
+    }
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
+           "ENGINECTL_VLLM_PYTHON": str(vllm_python)}
+    done = subprocess.run([ENGINECTL, "build", str(path)], env=env, capture_output=True,
+                          text=True, timeout=1200, check=False)
+    assert done.returncode == 5, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert "quarantined" in line
+    assert "ready:" in line
+    listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json", "--kind", "vllm"], env=env,
+                                       check=True, capture_output=True, text=True).stdout)
+    (entry,) = listed
+    assert entry["status"] == "quarantined"
+    shown = json.loads(subprocess.run([ENGINECTL, "show", entry["digest"], "--json"], env=env,
+                                      check=True, capture_output=True, text=True).stdout)
+    (report,) = shown["smoke_reports"]
+    assert report["passed"] is False
+    refused = subprocess.run([ENGINECTL, "resolve", "--model", "broken-llama", "--gpu", "cpu"],
+                             env=env, capture_output=True, text=True, check=False)
+    assert refused.returncode == 4
+    tag = subprocess.run([ENGINECTL, "tag", entry["digest"], "broken/cpu/prod",
+                          "--allow-unready"], env=env, capture_output=True, text=True,
+                         check=False)
+    assert tag.returncode == 2
+    assert "quarantined" in tag.stderr
