@@ -38,7 +38,8 @@ class BuildResult:
 
 def _describe(outcome: Outcome) -> str:
     mark = {"built": "built  ", "reused": "reused ", "failed": "FAILED ", "skipped": "skipped",
-            "pending-smoke": "smoke? ", "waiting": "waiting"}[outcome.status]
+            "pending-smoke": "smoke? ", "waiting": "waiting",
+            "smoke-failed": "SMOKE! "}[outcome.status]
     where = outcome.targets[0] + (f" (+{len(outcome.targets) - 1})" if len(outcome.targets) > 1
                                   else "")
     timing = f" {outcome.seconds:.1f}s" if outcome.status == "built" else ""
@@ -75,12 +76,12 @@ def build_recipe(
             with LiveView(plan, keys) as view:
                 executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
                                     keep_going=keep_going, report=view.finished,
-                                    started=view.started)
+                                    started=view.started, local_gpu=found.toolchain.gpu)
                 result.summary = executor.run(keys)
             return result
         report = (lambda outcome: echo(_describe(outcome))) if echo else None
         executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
-                            keep_going=keep_going, report=report)
+                            keep_going=keep_going, report=report, local_gpu=found.toolchain.gpu)
         result.summary = executor.run(keys)
         return result
     finally:
@@ -164,4 +165,7 @@ def summary_lines(result: BuildResult) -> list[str]:
         lines += [f"  {o.targets[0]}: {o.error}" for o in awaiting]
     for outcome in summary.failed:
         lines.append(f"FAILED {outcome.stage} {short_key(outcome.key)}: {outcome.error}")
+    for outcome in summary.outcomes:
+        if outcome.status == "smoke-failed":
+            lines.append(f"SMOKE FAILED {outcome.targets[0]}: {outcome.error}")
     return lines

