@@ -43,6 +43,8 @@ def run_smoke(
     from pipeline.smoke import smoke
 
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else None
+    if Path(argv[0]).name == "trtllm-serve":
+        served_name = argv[1]  # trtllm-serve has no served-name option: it reports MODEL
     return smoke(argv, model_dir=model_dir, served_name=served_name, settings=settings,
                  max_input_len=max_input_len, price_per_hour=price_per_hour,
                  log_path=log_path, env=env)
@@ -51,7 +53,8 @@ def run_smoke(
 def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, SmokeReport]:
     """`enginectl smoke REF`: serve a registered engine or entry here with the argv its
     manifest records, record the report, and move it to `ready` or `quarantined`."""
-    from pipeline.recipe import parse_recipe
+    import yaml
+
     from pipeline.settings import Settings
     from registry import records
     from registry.context import Context
@@ -78,12 +81,13 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         model_dir = settings.work_dir / "inputs" / source.removeprefix("sha256:")[:16]
         if not model_dir.is_dir():
             fetch_manifest(ctx.store, load_manifest(ctx, source), model_dir, cache=ctx.cache)
-        argv = [str(part) for part in serve["argv"]]
+        argv = [str(part).replace("{model_dir}", str(model_dir)) for part in serve["argv"]]
         if argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
             argv[0] = settings.vllm_python  # vLLM's environment on this machine
         smoke_settings = SmokeSettings()
-        if text is not None:
-            smoke_settings = parse_recipe(Path("recorded-recipe.yaml"), text).recipe.smoke
+        if text is not None:  # only the smoke section: the source may not be on this machine
+            section = (yaml.safe_load(text) or {}).get("smoke") or {}
+            smoke_settings = SmokeSettings.model_validate(section)
         log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
         report = run_smoke(
             argv, model_dir=model_dir, served_name=record.model, settings=smoke_settings,

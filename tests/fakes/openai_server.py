@@ -183,6 +183,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class FakeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # socketserver's default backlog of 5 resets a burst of clients
 
     def __init__(self, address: tuple[str, int], fake: Fake) -> None:
         super().__init__(address, Handler)

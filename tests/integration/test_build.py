@@ -214,3 +214,28 @@ def test_ctrl_c_stops_the_tool_and_releases_the_lease(
         lease = get_stage_run(session, engine["key"])
     assert lease is not None
     assert lease.status == "failed"
+
+
+def test_an_engine_is_smoke_served_with_trtllm_serve_and_becomes_ready(
+    env: dict[str, str], tmp_path: Path, registry_url: str
+) -> None:
+    """No H100 here, so build leaves the engine built; `enginectl smoke` then serves it with
+    the argv its manifest records, through the trtllm-serve stand-in (which accepts exactly
+    trtllm-serve's options and serves the OpenAI routes)."""
+    recipe = write_recipe(tmp_path)
+    summary = json.loads(build(env, recipe, "--json", "--only", "*/small/trtllm").stdout)
+    (pending,) = [s for s in summary["stages"] if s["status"] == "pending-smoke"]
+    assert "needs a H100-SXM5-80GB" in pending["error"]
+    engine = pending["digest"]
+    done = subprocess.run([ENGINECTL, "smoke", engine, "--json"], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["argv"][0] == "trtllm-serve"
+    assert "--backend" in report["argv"]
+    assert {c["name"] for c in report["checks"]} >= {"ready", "models", "greedy", "chat",
+                                                     "stream", "long_prompt"}
+    assert [level["concurrency"] for level in report["load"]] == [1, 4, 16]
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        (artifact,) = list_artifacts(session, kind="trtllm-engine")
+    assert artifact.status == "ready"
