@@ -7,6 +7,7 @@ At most two parts per thread are in flight or waiting, which bounds memory.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from collections.abc import Callable
@@ -53,7 +54,9 @@ def read_ranges_into(
     with ThreadPoolExecutor(threads, thread_name_prefix="ranged-read") as pool:
         pending: deque[Future[bytes]] = deque()
         try:
-            for byte_range, _ in zip(todo, range(2 * threads), strict=False):
+            # islice, not zip with a range: zip would draw one more range than it keeps,
+            # and that part would never be fetched
+            for byte_range in itertools.islice(todo, 2 * threads):
                 pending.append(pool.submit(work, byte_range))
             while pending:
                 data = pending.popleft().result()
