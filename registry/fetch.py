@@ -1,9 +1,9 @@
 """fetch: an artifact by digest into a directory a server can load, verified, all or nothing.
 
-Blobs come through the local cache (parallel downloads, verified while streaming), then are
-verified again as they are placed (xxh3-128; `strict` adds sha256) into a temporary directory
-beside the target, which is renamed into place only when every file checked out. A failure
-leaves the target as it was.
+Blobs come through the local cache (parallel downloads, verified with xxh3-128 while
+streaming), then are placed into a temporary directory beside the target, which is renamed
+into place only when every file checked out; `strict` re-hashes every placed file with
+xxh3-128 and sha256, cache hits included. A failure leaves the target as it was.
 """
 
 from __future__ import annotations
@@ -121,14 +121,16 @@ def fetch_manifest(
 
             def place(entry: FileEntry) -> None:
                 source = cache.path(entry.xxh3)
-                if entry.xxh3 in cached or verify == "strict":
+                # The cache holds only bytes verified on their way in (read-only entries
+                # renamed into place), so `fast` trusts them; `strict` re-hashes everything.
+                if verify == "strict":
                     try:
-                        _rehash(source, entry, strict=verify == "strict")
+                        _rehash(source, entry, strict=True)
                     except IntegrityError:
                         cache.evict(entry.xxh3)
                         raise
-                    if entry.xxh3 in cached:
-                        progress.advance(entry.size)
+                if entry.xxh3 in cached:
+                    progress.advance(entry.size)
                 _place(source, _inside(staging, entry.path))
 
             list(pool.map(place, manifest.files))

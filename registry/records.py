@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 from sqlalchemy import Select, Table, delete, insert, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -122,8 +121,12 @@ _ARTIFACT_COLUMNS = tuple(f.name for f in fields(ArtifactRecord) if f.name != "f
 def _insert(session: Session, table: Table | type[Any]) -> Any:
     """INSERT with ON CONFLICT support on the session's dialect."""
     dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
+    if dialect == "postgresql":  # imported here: neither dialect is needed to read
+        from sqlalchemy.dialects import postgresql
+
         return postgresql.insert(table)
+    from sqlalchemy.dialects import sqlite
+
     return sqlite.insert(table)
 
 

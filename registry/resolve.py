@@ -129,38 +129,44 @@ def rank(candidates: Iterable[Candidate], request: Request) -> Ranked:
     return Ranked(accepted, rejected)
 
 
-def candidates_for(session: Session, model: str, *, every_status: bool) -> list[Candidate]:
-    """The servable artifacts of *model* (only `ready` ones unless *every_status*), read
-    with two indexed queries and no file rows."""
-    from sqlalchemy import select
+def candidates_for(
+    session: Session, model: str, *, every_status: bool, gpu: str | None = None
+) -> list[Candidate]:
+    """The servable artifacts of *model*: only `ready` ones, and only engines built for
+    *gpu*, unless *every_status* (then everything not deleted, for --explain). One indexed
+    query; the best passing smoke throughput comes from a correlated subquery, so no report
+    is decoded in Python."""
+    from sqlalchemy import Table, func, or_, select
 
     from registry.models import Artifact, SmokeReport
 
-    query = select(
-        Artifact.id, Artifact.digest, Artifact.kind, Artifact.model, Artifact.status,
-        Artifact.created_at, Artifact.gpu, Artifact.quant, Artifact.kv_cache_dtype, Artifact.tp,
-        Artifact.max_batch_size, Artifact.max_seq_len, Artifact.toolchain,
-    ).where(Artifact.model == model, Artifact.kind.in_(KIND_ORDER))
-    query = query.where(Artifact.status != "deleted") if every_status else query.where(
-        Artifact.status == "ready"
+    table: Table = Artifact.__table__  # type: ignore[assignment]
+    best = (
+        select(func.max(SmokeReport.report["best_output_tokens_per_s"].as_float()))
+        .where(SmokeReport.artifact_id == table.c.id, SmokeReport.passed.is_(True))
+        .correlate(table)
+        .scalar_subquery()
     )
-    rows = session.execute(query).all()
-    best: dict[int, float] = {}
-    if rows:
-        reports = select(SmokeReport.artifact_id, SmokeReport.report).where(
-            SmokeReport.passed.is_(True), SmokeReport.artifact_id.in_([r.id for r in rows])
-        )
-        for artifact_id, report in session.execute(reports):
-            value = float((report or {}).get("best_output_tokens_per_s") or 0.0)
-            best[artifact_id] = max(best.get(artifact_id, 0.0), value)
+    columns = [table.c[name] for name in (
+        "digest", "kind", "model", "status", "created_at", "gpu", "quant", "kv_cache_dtype",
+        "tp", "max_batch_size", "max_seq_len", "toolchain")]
+    query = select(*columns, best.label("tokens_per_s")).where(
+        table.c.model == model, table.c.kind.in_(KIND_ORDER)
+    )
+    if every_status:
+        query = query.where(table.c.status != "deleted")
+    else:
+        query = query.where(table.c.status == "ready")
+        if gpu is not None:
+            query = query.where(or_(table.c.kind != "trtllm-engine", table.c.gpu == gpu))
     return [
         Candidate(
             digest=r.digest, kind=r.kind, model=r.model, status=r.status,
             created_at=r.created_at, gpu=r.gpu, quant=r.quant, kv_cache_dtype=r.kv_cache_dtype,
             tp=r.tp, max_batch_size=r.max_batch_size, max_seq_len=r.max_seq_len,
-            toolchain=r.toolchain or {}, tokens_per_s=best.get(r.id),
+            toolchain=r.toolchain or {}, tokens_per_s=r.tokens_per_s,
         )
-        for r in rows
+        for r in session.execute(query)
     ]
 
 
@@ -195,5 +201,6 @@ def resolve(
 ) -> Ranked:
     """Rank the registry's artifacts of *request.model* for *request.gpu*."""
     with ctx.registry.session(readonly=True) as session:
-        found = candidates_for(session, request.model, every_status=explain)
+        found = candidates_for(session, request.model, every_status=explain,
+                               gpu=request.gpu.sku)
     return rank(found, request)
