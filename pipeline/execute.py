@@ -232,8 +232,12 @@ class Executor:
             return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
         reason = unavailable(run, self.settings, self.local_gpu)
         if reason is not None:
+            if record is not None and record.status == "built":
+                with self.ctx.registry.session() as session:  # shown by ls and show
+                    records.set_status(session, entry, "built", f"awaits smoke: {reason}")
             return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
-                           error=f"{entry} stays built until a smoke run passes: {reason}")
+                           error=f"stays built: {reason}; run `enginectl smoke {entry}` "
+                                 f"on a {run.gpu} node")
         target = next(t.target for t in self.plan.targets if t.target.id == run.targets[0])
         recipe = self.plan.loaded.recipe
         argv = run.make_argv(self._input_dir, run.workdir / "out")
@@ -247,6 +251,9 @@ class Executor:
             max_input_len=target.shape.max_input_len,
             price_per_hour=recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
             log_path=self._log(run), cpu=target.gpu.is_cpu,
+            reference=[(r.prompt, r.output) for r in recipe.smoke.reference] or None,
+            threshold=None if target.quant in ("bf16", "fp16")
+            else recipe.smoke.reference_agreement,
         )
         with self.ctx.registry.session() as session:
             records.add_smoke_report(session, entry, report.passed, report.as_dict())

@@ -313,6 +313,8 @@ class _Planner:
             "max_tokens": smoke.max_tokens,
             "concurrency": smoke.concurrency,
             "requests": smoke.requests,
+            "reference": [r.model_dump() for r in smoke.reference],
+            "reference_agreement": smoke.reference_agreement,
         }
         keys.append(
             self.add(

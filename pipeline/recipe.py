@@ -348,6 +348,14 @@ class ServeSettings(_Model):
         return chosen
 
 
+class Reference(_Model):
+    """A prompt and the text its greedy `max_tokens`-token completion must be (e.g. what the
+    unquantized model gives under transformers)."""
+
+    prompt: str
+    output: str
+
+
 class SmokeSettings(_Model):
     prompts: list[str] = Field(
         default=["The capital of France is", "Write a haiku about GPUs."], min_length=1
@@ -358,6 +366,8 @@ class SmokeSettings(_Model):
     ready_timeout_s: int = Field(default=900, gt=0)
     request_timeout_s: int = Field(default=120, gt=0)
     gpu_price_per_hour: dict[GpuName, float] = {}
+    reference: list[Reference] = []  # exact for bf16/fp16 targets; quantized: by agreement
+    reference_agreement: float = Field(default=0.9, gt=0, le=1)
 
     @field_validator("gpu_price_per_hour")
     @classmethod

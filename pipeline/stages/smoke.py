@@ -39,6 +39,7 @@ def unavailable(run: StageRun, settings: Settings, local_gpu: str | None) -> str
 def run_smoke(
     argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
     max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
+    reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
 ) -> SmokeReport:
     from pipeline.smoke import smoke
 
@@ -47,7 +48,7 @@ def run_smoke(
         served_name = argv[1]  # trtllm-serve has no served-name option: it reports MODEL
     return smoke(argv, model_dir=model_dir, served_name=served_name, settings=settings,
                  max_input_len=max_input_len, price_per_hour=price_per_hour,
-                 log_path=log_path, env=env)
+                 log_path=log_path, env=env, reference=reference, threshold=threshold)
 
 
 def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, SmokeReport]:

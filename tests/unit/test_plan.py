@@ -138,3 +138,13 @@ def test_include_adds_targets_that_exclude_removed(seed: dict, tmp_path: Path) -
     plan = plan_of(data, tmp_path)
     ids = [t.target.id for t in plan.targets]
     assert "H100-SXM5-80GB/tp1/pp1/fp8/kv-fp8/long/trtllm" in ids
+
+
+def test_reference_outputs_change_only_the_smoke_keys(seed: dict, tmp_path: Path) -> None:
+    before = keys_by_stage(plan_of(seed, tmp_path))
+    changed = copy.deepcopy(seed)
+    changed["smoke"]["reference"] = [{"prompt": "The capital of France is",
+                                      "output": " Paris."}]
+    after = keys_by_stage(plan_of(changed, tmp_path))
+    assert after["build"] == before["build"]
+    assert not after["smoke"] & before["smoke"]
