@@ -447,10 +447,11 @@ def gc(dry_run: bool, grace: str, as_json: bool) -> None:
     if as_json:
         _echo_json({"dry_run": dry_run, "blobs": [str(b) for b in result.blobs],
                     "manifests": result.manifests, "bytes_freed": result.bytes_freed,
-                    "unregistered_manifests": result.unregistered_manifests})
+                    "unregistered_manifests": result.unregistered_manifests,
+                    "partial_writes": result.partial})
         return
-    click.echo(f"{verb} {len(result.blobs)} blobs ({result.bytes_freed} bytes) and "
-               f"{len(result.manifests)} manifests")
+    click.echo(f"{verb} {len(result.blobs)} blobs ({result.bytes_freed} bytes), "
+               f"{len(result.manifests)} manifests and {result.partial} partial writes")
     if result.unregistered_manifests:
         click.echo(f"kept {len(result.unregistered_manifests)} manifests the registry does not "
                    "list (and their blobs); `enginectl reindex` adopts them into an empty one")

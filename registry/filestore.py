@@ -156,6 +156,20 @@ class FileStore:
                 modified = datetime.fromtimestamp(info.st_mtime, UTC)
                 yield BlobInfo(digest=digest, size=info.st_size, modified=modified)
 
+    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Temp files (`.<name>.<hex>.tmp`) of writers killed before *before*."""
+        count = 0
+        for path in self.root.rglob(".*.tmp"):
+            try:
+                old = datetime.fromtimestamp(path.lstat().st_mtime, UTC) < before
+            except FileNotFoundError:
+                continue
+            if old and path.is_file():
+                count += 1
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+        return count
+
     def delete_blob(self, digest: Digest) -> None:
         key = blob_key(digest)
         with self._os_errors("delete_blob", key):

@@ -16,7 +16,7 @@ import base64
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -81,6 +81,25 @@ class S3Store:
             preferred_transfer_client="classic",
         )
         self._transfer.max_in_memory_upload_chunks = upload_threads
+
+    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Multipart uploads under this store's prefix started before *before* and never
+        completed (a killed publish); aborting them frees their parts."""
+        client, count = self.bucket.client, 0
+        try:
+            pages = client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket.name, Prefix=self._key(""))
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"] < before:
+                        count += 1
+                        if not dry_run:
+                            client.abort_multipart_upload(Bucket=self.bucket.name,
+                                                          Key=upload["Key"],
+                                                          UploadId=upload["UploadId"])
+        except (ClientError, BotoCoreError) as exc:
+            raise self.bucket.error(exc, "list_multipart_uploads", self._key("")) from exc
+        return count
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint_url={self.bucket.endpoint_url!r})"

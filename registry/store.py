@@ -78,6 +78,10 @@ class Store(Protocol):
     def delete_manifest(self, digest: Digest) -> None:
         """Remove the manifest; a no-op when absent."""
 
+    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Remove what killed writers left half-written before *before* (temp files, S3
+        multipart uploads never completed); returns how many. Never a finished object."""
+
 
 def open_store(url: str, *, s3_endpoint_url: str | None = None) -> Store:
     """Open the store at *url* (`file:///abs/path` or `s3://bucket/prefix`).

@@ -262,16 +262,33 @@ def test_gc_removes_only_unreferenced_old_blobs(ctx: Context, tmp_path: Path) ->
     stray.write_bytes(os.urandom(1000))
     stray_digest = digest_file(stray).xxh3
     ctx.store.put_blob(stray_digest, stray)  # what a publish killed before its manifest leaves
-    assert gc(ctx).blobs == []  # younger than the default grace
+    _leave_a_partial_write(ctx)  # what a publish killed in the middle of a blob leaves
+    assert gc(ctx, dry_run=True).blobs == []  # younger than the default grace
     later = datetime.now(UTC) + timedelta(days=8)
     dry = gc(ctx, dry_run=True, now=later)
     assert dry.blobs == [stray_digest]
     assert ctx.store.has_blob(stray_digest)
+    assert dry.partial == 1
     done = gc(ctx, now=later)
     assert done.blobs == [stray_digest]
     assert not ctx.store.has_blob(stray_digest)
+    assert done.partial == 1
+    assert gc(ctx, now=later).partial == 0
     assert fetch(ctx, kept.digest, tmp_path / "out").manifest.digest == kept.manifest.digest
     assert fsck(ctx)[1] == []
+
+
+def _leave_a_partial_write(ctx: Context) -> None:
+    if ctx.store.url.startswith("file://"):
+        shard = Path(ctx.store.url.removeprefix("file://")) / "blobs" / "xxh3-128" / "ab"
+        shard.mkdir(parents=True, exist_ok=True)
+        (shard / ".cdef.0123456789abcdef.tmp").write_bytes(b"half a blob")
+        return
+    import boto3
+
+    bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
+    client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
+    client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/blobs/xxh3-128/ab/cdef")
 
 
 def test_gc_removes_manifests_of_deleted_artifacts(ctx: Context, tmp_path: Path) -> None:
