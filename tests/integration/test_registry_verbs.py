@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,7 +40,9 @@ from tests.integration.s3server import S3Server
 
 
 @pytest.fixture
-def ctx(store: Store, registry_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Context:
+def ctx(
+    store: Store, registry_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Context]:
     endpoint = None
     if store.url.startswith("s3://"):
         server: S3Server = request.getfixturevalue("s3_server")
@@ -49,7 +52,7 @@ def ctx(store: Store, registry_url: str, tmp_path: Path, request: pytest.Fixture
         registry_url=registry_url, cache_dir=tmp_path / "cache",
     )
     context = Context(config)
-    yield context  # type: ignore[misc]
+    yield context
     context.close()
 
 
