@@ -164,7 +164,8 @@ class _Planner:
         return key
 
     def dir_of(self, key: str) -> Path:
-        return self.stages[key].workdir
+        """Where a run's output lands (what the runs after it read), for the shown argv."""
+        return self.stages[key].workdir / "out"
 
     def snapshot(self, target: Target) -> str:
         model = self.recipe.model
