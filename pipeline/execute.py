@@ -232,9 +232,10 @@ class Executor:
             return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
         reason = unavailable(run, self.settings, self.local_gpu)
         if reason is not None:
-            if record is not None and record.status == "built":
+            why = f"awaits smoke: {reason}"
+            if record is not None and record.status == "built" and record.status_reason != why:
                 with self.ctx.registry.session() as session:  # shown by ls and show
-                    records.set_status(session, entry, "built", f"awaits smoke: {reason}")
+                    records.set_status(session, entry, "built", why)
             return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
                            error=f"stays built: {reason}; run `enginectl smoke {entry}` "
                                  f"on a {run.gpu} node")

@@ -101,7 +101,18 @@ _VERSIONS_SCRIPT: Final = (
 def _package_versions(python: str) -> dict[str, str | None]:
     import json
     import subprocess
+    import sys
 
+    if python == sys.executable:  # the default: ask this interpreter, no subprocess
+        from importlib import metadata
+
+        found_here: dict[str, str | None] = {}
+        for part, dist in PACKAGES.items():
+            try:
+                found_here[part] = metadata.version(dist).split("+")[0]
+            except metadata.PackageNotFoundError:
+                found_here[part] = None
+        return found_here
     try:
         done = subprocess.run([python, "-c", _VERSIONS_SCRIPT, *PACKAGES.values()],
                               capture_output=True, text=True, timeout=60, check=True)
