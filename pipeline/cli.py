@@ -52,6 +52,13 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _echo_json(value: Any) -> None:
+    """Indented for a person at a terminal; compact (and several times faster to write,
+    through json's C encoder) for the programs that read `--json`."""
+    indent = 2 if sys.stdout.isatty() else None
+    click.echo(json.dumps(value, indent=indent, default=str))
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--traceback", is_flag=True, help="Show the Python stack on errors.")
 @click.version_option(package_name="enginectl")
@@ -74,7 +81,7 @@ def plan(recipe: Path, as_json: bool, commands: bool) -> None:
 
     the_plan = plan_recipe(load_recipe(recipe), Settings.from_env())
     if as_json:
-        click.echo(json.dumps(the_plan.as_dict(), indent=2))
+        _echo_json(the_plan.as_dict())
     elif commands:
         import shlex
 
@@ -206,8 +213,6 @@ def _context() -> Any:
     return Context()
 
 
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str))
 
 
 def _progress() -> Any:
