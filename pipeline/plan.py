@@ -115,7 +115,7 @@ class Plan:
                 "digest": self.loaded.digest,
                 "model": recipe.model.name,
                 "source": recipe.model.source,
-                "revision": recipe.model.revision,
+                "revision": self.loaded.revision,
                 "toolchain": self.toolchain.as_dict(),
             },
             "targets": [t.as_dict() for t in self.targets],
@@ -172,7 +172,7 @@ class _Planner:
         if model.is_local:
             params: dict[str, Any] = {"source": "local", "content": self.loaded.source_digest}
         else:
-            params = {"source": model.source, "revision": model.revision}
+            params = {"source": model.source, "revision": self.loaded.revision}
         return self.add(
             target, "snapshot", kind=KIND_HF, params=params, inputs=[],
             toolchain=self.toolchain, toolchain_stage="snapshot", argv=_no_argv,

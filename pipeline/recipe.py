@@ -127,6 +127,9 @@ class Architecture(_Model):
 class ModelSpec(_Model):
     name: str
     source: str
+    # hf:// only: resolve a branch or tag to its commit when the recipe is read, and record
+    # that commit (otherwise a branch is refused: keys must name what was built)
+    resolve_revision: bool = False
     revision: str | None = Field(default=None, validate_default=True)
     dtype: ModelDtype = "bfloat16"
     architecture: Architecture | None = None
@@ -162,9 +165,10 @@ class ModelSpec(_Model):
                 raise ValueError(
                     f"source {source!r} needs 'revision': the 40-hex commit to build from"
                 )
-            if not _COMMIT.match(revision):
+            if not _COMMIT.match(revision) and not info.data.get("resolve_revision"):
                 raise ValueError(
                     f"revision {revision!r} is not a 40-hex commit; pin the commit, not a branch"
+                    " (or set resolve_revision: true to record the branch's commit)"
                 )
         elif source.startswith("s3://") and not revision:
             raise ValueError(f"source {source!r} needs 'revision' (a version you pin)")
@@ -428,6 +432,7 @@ class LoadedRecipe(BaseModel):
     recipe: Recipe
     architecture: Architecture
     source_digest: str | None  # content of a local source directory
+    revision: str | None  # the commit an hf:// source is pinned or resolved to
     calibration_file: Path | None  # the calibration file, resolved and digest-checked
 
     @property
@@ -733,10 +738,36 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
         path=path,
         text=text,
         recipe=recipe,
+        revision=_revision(path, recipe, _line_of(node, ("model", "revision"))),
         architecture=architecture,
         source_digest=source_digest,
         calibration_file=_calibration_file(path, recipe.quantize.calibration, node),
     )
+
+
+def _revision(path: Path, recipe: Recipe, line: int | None) -> str | None:
+    """The commit to build from: the pinned one, or, with resolve_revision, what the
+    branch or tag points at now (asked of the hub; recorded in the snapshot key)."""
+    model = recipe.model
+    if not model.source.startswith("hf://") or model.revision is None:
+        return model.revision
+    if _COMMIT.match(model.revision):
+        return model.revision
+    from huggingface_hub import HfApi
+
+    repo = model.source.removeprefix("hf://")
+    try:
+        sha = HfApi().model_info(repo, revision=model.revision).sha
+    except Exception as exc:  # hub, network and offline errors share no useful base
+        raise RecipeError(
+            path, f"cannot resolve {model.revision!r} of {repo} to a commit: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+            "pin the commit instead", field="model.revision", line=line,
+        ) from exc
+    if not sha or not _COMMIT.match(sha):
+        raise RecipeError(path, f"the hub gave no commit for {model.revision!r} of {repo}",
+                          field="model.revision", line=line)
+    return sha
 
 
 def _calibration_file(

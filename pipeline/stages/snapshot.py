@@ -42,9 +42,10 @@ def snapshot(loaded: LoadedRecipe, out_dir: Path, key: str) -> Path:
 
         repo = model.source.removeprefix("hf://")
         try:
-            root = Path(snapshot_download(repo_id=repo, revision=model.revision, local_dir=out_dir))
+            root = Path(snapshot_download(repo_id=repo, revision=loaded.revision,
+                                          local_dir=out_dir))
         except Exception as exc:  # hub and network errors have no common base worth naming
-            raise StageError("snapshot", key, f"cannot download {model.source}@{model.revision}: "
+            raise StageError("snapshot", key, f"cannot download {model.source}@{loaded.revision}: "
                              f"{type(exc).__name__}: {exc}") from exc
     else:
         root = _download_s3(model.source, out_dir, key)
