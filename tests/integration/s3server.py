@@ -11,7 +11,6 @@ import functools
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pipeline.smoke import free_port  # the one loopback-port picker
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -79,13 +80,6 @@ class S3Server:
         self.process.wait()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _answers(port: int) -> bool:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
@@ -100,7 +94,7 @@ def _answers(port: int) -> bool:
 
 def start_s3_server(workdir: Path) -> S3Server:
     """Start moto's S3 server; S3ServerError (with its log) if it does not answer in time."""
-    port = _free_port()
+    port = free_port()
     log = workdir / f"moto-{port}.log"
     env = {key: value for key, value in os.environ.items() if key not in CLEARED}
     env.update(CREDENTIALS)
