@@ -21,6 +21,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -117,6 +118,9 @@ class Artifact(Base):
     status: Mapped[str] = mapped_column(String(20))
     status_reason: Mapped[str | None] = mapped_column(Text)
     recipe_digest: Mapped[str | None] = mapped_column(String(80))
+    best_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    """The best `best_output_tokens_per_s` of the passing smoke reports (migration 0002),
+    kept by `records.add_smoke_report` so that resolve reads no report."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 

@@ -357,13 +357,23 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
 
 
 def add_smoke_report(session: Session, digest: str, passed: bool, report: dict[str, Any]) -> None:
-    """Attach a smoke report to *digest* (its status is the caller's to move)."""
+    """Attach a smoke report to *digest* (its status is the caller's to move). A passing
+    report's throughput raises the artifact's `best_tokens_per_s`, which resolve ranks by."""
+    artifact_id = _artifact_id(session, digest)[0]
     session.execute(
         insert(SmokeReportRow).values(
-            artifact_id=_artifact_id(session, digest)[0], passed=passed, report=report,
-            created_at=utcnow(),
+            artifact_id=artifact_id, passed=passed, report=report, created_at=utcnow(),
         )
     )
+    best = report.get("best_output_tokens_per_s")
+    if passed and isinstance(best, int | float) and not isinstance(best, bool):
+        # One conditional UPDATE: concurrent reports can only raise the value.
+        column = Artifact.best_tokens_per_s
+        session.execute(
+            update(Artifact)
+            .where(Artifact.id == artifact_id, or_(column.is_(None), column < float(best)))
+            .values(best_tokens_per_s=float(best))
+        )
 
 
 def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:

@@ -134,23 +134,14 @@ def candidates_for(
 ) -> list[Candidate]:
     """The servable artifacts of *model*: only `ready` ones, and only engines built for
     *gpu*, unless *every_status* (then everything not deleted, for --explain). One indexed
-    query; the best passing smoke throughput comes from a correlated subquery, so no report
-    is decoded in Python."""
-    from sqlalchemy import Table, func, or_, select
+    query on `artifacts` alone: the best passing smoke throughput is kept on the row
+    (`best_tokens_per_s`), so no report is read."""
+    from sqlalchemy import Table, or_, select
 
-    from registry.models import Artifact, SmokeReport
+    from registry.models import Artifact
 
     table: Table = Artifact.__table__  # type: ignore[assignment]
-    best = (
-        select(func.max(SmokeReport.report["best_output_tokens_per_s"].as_float()))
-        .where(SmokeReport.artifact_id == table.c.id, SmokeReport.passed.is_(True))
-        .correlate(table)
-        .scalar_subquery()
-    )
-    columns = [table.c[name] for name in (
-        "digest", "kind", "model", "status", "created_at", "gpu", "quant", "kv_cache_dtype",
-        "tp", "max_batch_size", "max_seq_len", "toolchain")]
-    query = select(*columns, best.label("tokens_per_s")).where(
+    query = select(*(table.c[name] for name in _COLUMNS)).where(
         table.c.model == model, table.c.kind.in_(KIND_ORDER)
     )
     if every_status:
@@ -164,10 +155,15 @@ def candidates_for(
             digest=r.digest, kind=r.kind, model=r.model, status=r.status,
             created_at=r.created_at, gpu=r.gpu, quant=r.quant, kv_cache_dtype=r.kv_cache_dtype,
             tp=r.tp, max_batch_size=r.max_batch_size, max_seq_len=r.max_seq_len,
-            toolchain=r.toolchain or {}, tokens_per_s=r.tokens_per_s,
+            toolchain=r.toolchain or {}, tokens_per_s=r.best_tokens_per_s,
         )
         for r in session.execute(query)
     ]
+
+
+_COLUMNS: Final = (
+    "digest", "kind", "model", "status", "created_at", "gpu", "quant", "kv_cache_dtype", "tp",
+    "max_batch_size", "max_seq_len", "toolchain", "best_tokens_per_s")
 
 
 def local_gpu() -> tuple[GpuSpec, int]:

@@ -316,3 +316,65 @@ def test_processes_racing_for_a_lease_exactly_one_wins(
         run = records.get_stage_run(session, key)
     assert run is not None
     assert (run.owner, run.status) == (winners[0], "running")
+
+
+def _best(registry: Registry, name: str) -> float | None:
+    from sqlalchemy import select
+
+    from registry.models import Artifact
+
+    with registry.session(readonly=True) as session:
+        return session.execute(select(Artifact.best_tokens_per_s)
+                               .where(Artifact.digest == make_record(name).digest)).scalar_one()
+
+
+def test_passing_smoke_reports_keep_the_best_throughput_on_the_artifact(
+    registry: Registry,
+) -> None:
+    with registry.session() as session:
+        records.add_artifact(session, make_record("fast"))
+        for passed, tokens in ((True, 500.0), (False, 9000.0), (True, 800), (True, 300.5),
+                               (True, None), (True, "fast")):
+            records.add_smoke_report(session, make_record("fast").digest, passed,
+                                     {"best_output_tokens_per_s": tokens})
+        records.add_artifact(session, make_record("failing"))
+        records.add_smoke_report(session, make_record("failing").digest, False,
+                                 {"best_output_tokens_per_s": 700.0})
+    assert _best(registry, "fast") == 800.0  # failing reports and non-numbers do not count
+    assert _best(registry, "failing") is None
+
+
+def test_migrating_from_0001_backfills_the_best_throughput(registry_url: str) -> None:
+    """A registry written by an enginectl at schema 0001, with smoke reports, upgraded."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy.orm import Session
+
+    from registry.db import migrations_dir
+
+    engine = make_engine(registry_url)
+    try:
+        with engine.begin() as connection:
+            config = Config()
+            config.set_main_option("script_location", str(migrations_dir()))
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+        with Session(engine) as session, session.begin():
+            ids = {name: records.add_artifact(session, make_record(name))
+                   for name in ("smoked", "unsmoked")}
+            for passed, tokens in ((True, 120.5), (True, 450.0), (False, 999.0)):
+                session.execute(
+                    text("INSERT INTO smoke_reports (artifact_id, passed, report, created_at) "
+                         "VALUES (:a, :p, :r, :t)"),
+                    {"a": ids["smoked"], "p": passed, "t": datetime.now(UTC),
+                     "r": f'{{"best_output_tokens_per_s": {tokens}}}'},
+                )
+    finally:
+        engine.dispose()
+    assert current(registry_url) == "0001"
+    assert upgrade(registry_url) == head_revision()
+    with open_registry(registry_url) as registry:
+        assert _best(registry, "smoked") == 450.0
+        assert _best(registry, "unsmoked") is None
+        with registry.session(readonly=True) as session:
+            assert len(records.smoke_reports(session, make_record("smoked").digest)) == 3
