@@ -7,10 +7,12 @@ and `sha256` for manifests and anything hashed from canonical JSON.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import xxhash
 
@@ -70,22 +72,49 @@ class FileDigests:
     sha256: Digest | None
 
 
-def digest_file(path: Path, *, with_sha256: bool = True) -> FileDigests:
-    """Hash one file in a single pass: xxh3-128 always, sha256 when asked."""
+def digest_file(path: Path, *, with_sha256: bool = True, mapped: bool = False) -> FileDigests:
+    """Hash one file in a single pass: xxh3-128 always, sha256 when asked.
+
+    *mapped* hashes through mmap, which skips the kernel-to-user copy of a read loop (about
+    1.5x faster from the page cache, bench/verify_speed.py). Only for files enginectl owns,
+    such as the fetch cache's: a file truncated by someone else while it is mapped kills
+    the process (SIGBUS), so a user's source directory is read with the loop."""
     fast = xxhash.xxh3_128()
     slow = hashlib.sha256() if with_sha256 else None
     size = 0
     with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            size += len(chunk)
-            fast.update(chunk)
-            if slow is not None:
-                slow.update(chunk)
+        if mapped:
+            size = os.fstat(handle.fileno()).st_size
+            if size:
+                with mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as region:
+                    region.madvise(mmap.MADV_SEQUENTIAL)
+                    update_mapped(region, 0, size, fast, slow)
+        else:
+            while chunk := handle.read(CHUNK):
+                size += len(chunk)
+                fast.update(chunk)
+                if slow is not None:
+                    slow.update(chunk)
     return FileDigests(
         size=size,
         xxh3=Digest("xxh3-128", fast.hexdigest()),
         sha256=Digest("sha256", slow.hexdigest()) if slow is not None else None,
     )
+
+
+class Hasher(Protocol):
+    def update(self, data: memoryview, /) -> None: ...
+
+
+def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | None) -> None:
+    """Feed bytes [start, end) of a mapped file to every hasher, CHUNK bytes at a time (both
+    hashes of a chunk run while it is in the CPU cache), without copying them."""
+    with memoryview(region) as view:
+        for offset in range(start, end, CHUNK):
+            with view[offset:min(offset + CHUNK, end)] as piece:
+                for hasher in hashers:
+                    if hasher is not None:
+                        hasher.update(piece)
 
 
 def tree_digest(root: Path) -> Digest:

@@ -1,8 +1,9 @@
-"""Parallel ranged reads into one file, consumed in order: the engine of a fast, verified fetch.
+"""Parallel ranged reads into one file, checked in order: the engine of a fast, verified fetch.
 
-Worker threads fetch byte ranges and write each at its offset; the calling thread receives the
-parts in file order as they complete (to hash them), so verification overlaps the transfer.
-At most two parts per thread are in flight or waiting, which bounds memory.
+Each range is fetched on a shared pool and streamed straight to its offset in the file; the
+calling thread is told about the ranges in file order as they complete (to hash them from
+the file), so verification overlaps the transfer. No part is held in memory: what one fetch
+costs is the pool's threads and their stream buffers, however large the blobs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import itertools
 import os
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, wait
 
 
 def split(start: int, end: int, part_size: int) -> list[tuple[int, int]]:
@@ -21,50 +22,43 @@ def split(start: int, end: int, part_size: int) -> list[tuple[int, int]]:
     return [(offset, min(offset + part_size, end)) for offset in range(start, end, part_size)]
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
 
 
-def read_ranges_into(
-    fd: int,
+def read_ranges(
     ranges: list[tuple[int, int]],
-    fetch: Callable[[int, int], bytes],
-    consume: Callable[[bytes], None],
+    fetch: Callable[[int, int], None],
+    consume: Callable[[int, int], None],
     *,
-    threads: int,
+    pool: Executor,
+    window: int,
 ) -> None:
-    """Fetch every range with `fetch(start, end)` on *threads* threads, write it to *fd* at
-    its offset, and call *consume* with the parts in order, on this thread.
+    """Run `fetch(start, end)` for every range on *pool*, with at most *window* of this
+    call's ranges queued or running at once, and call `consume(start, end)` on this thread
+    for each range in order, once its fetch has returned.
 
-    The first failure cancels what has not started and is raised once running fetches end,
-    so nothing writes to *fd* after this returns or raises."""
-    if not ranges:
-        return
-    threads = max(1, min(threads, len(ranges)))
-
-    def work(byte_range: tuple[int, int]) -> bytes:
-        data = fetch(*byte_range)
-        pwrite_all(fd, data, byte_range[0])
-        return data
-
+    The first failure cancels what has not started and is raised once this call's running
+    fetches end, so none of them is still writing when this returns or raises."""
     todo = iter(ranges)
-    with ThreadPoolExecutor(threads, thread_name_prefix="ranged-read") as pool:
-        pending: deque[Future[bytes]] = deque()
-        try:
-            # islice, not zip with a range: zip would draw one more range than it keeps,
-            # and that part would never be fetched
-            for byte_range in itertools.islice(todo, 2 * threads):
-                pending.append(pool.submit(work, byte_range))
-            while pending:
-                data = pending.popleft().result()
-                following = next(todo, None)
-                if following is not None:
-                    pending.append(pool.submit(work, following))
-                consume(data)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+    pending: deque[tuple[tuple[int, int], Future[None]]] = deque()
+    try:
+        # islice, not zip with a range: zip would draw one more range than it keeps,
+        # and that part would never be fetched
+        for byte_range in itertools.islice(todo, max(1, window)):
+            pending.append((byte_range, pool.submit(fetch, *byte_range)))
+        while pending:
+            byte_range, future = pending.popleft()
+            future.result()
+            following = next(todo, None)
+            if following is not None:
+                pending.append((following, pool.submit(fetch, *following)))
+            consume(*byte_range)
+    except BaseException:
+        for _, future in pending:
+            future.cancel()
+        wait([future for _, future in pending])
+        raise

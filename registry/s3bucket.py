@@ -8,7 +8,7 @@ the request id; a missing key becomes `NotFoundError`; a missing bucket says so 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import boto3
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
 MISSING: Final = frozenset({"404", "NoSuchKey", "NotFound"})
+STREAM_CHUNK: Final = 1 << 20
+"""The most a ranged read holds in memory at once: it writes each chunk as it arrives."""
 
 
 def error_code(exc: ClientError) -> str:
@@ -124,9 +126,27 @@ class Bucket:
         self, key: str, what: str, byte_range: tuple[int, int] | None = None
     ) -> tuple[bytes, int]:
         """The object's bytes (or those in [start, end)) and the object's total size."""
-        ask = "" if byte_range is None else f"bytes={byte_range[0]}-{byte_range[1] - 1}"
-        failure: BaseException | None = None
+        parts: list[bytes] = []
+        total = self.read_into(key, what, lambda _offset, chunk: parts.append(chunk), byte_range)
+        return b"".join(parts), total
+
+    def read_into(
+        self,
+        key: str,
+        what: str,
+        write: Callable[[int, bytes], None],
+        byte_range: tuple[int, int] | None = None,
+    ) -> int:
+        """Stream the object's bytes (or those in [start, end)) to `write(offset, chunk)` in
+        chunks of at most STREAM_CHUNK, and return the object's total size. A body cut off
+        mid-read is asked for again from the byte where it stopped."""
+        start, end = byte_range if byte_range is not None else (0, None)
+        done, total, failure = 0, None, None
         for _attempt in range(self.stream_retries):
+            if total is not None and start + done >= (end if end is not None else total):
+                return total  # cut off after the last byte: nothing is left to ask for
+            ask = None if byte_range is None and not done else (
+                f"bytes={start + done}-{'' if end is None else end - 1}")
             try:
                 response = (
                     self.client.get_object(Bucket=self.name, Key=key, Range=ask)
@@ -134,31 +154,24 @@ class Bucket:
                     else self.client.get_object(Bucket=self.name, Key=key)
                 )
             except ClientError as exc:
-                if error_code(exc) == "InvalidRange" and byte_range and byte_range[0] == 0:
-                    return b"", 0  # an empty object has no byte 0
+                if error_code(exc) == "InvalidRange" and start + done == 0:
+                    return 0  # an empty object has no byte 0
                 raise self.error(exc, "get_object", key, what) from exc
             except BotoCoreError as exc:
                 raise self.error(exc, "get_object", key, what) from exc
+            total = self._total(key, response, ranged=start + done > 0)
             body = response["Body"]
             try:
-                data = body.read()
+                while chunk := body.read(STREAM_CHUNK):
+                    write(start + done, chunk)
+                    done += len(chunk)
             except S3_RETRYABLE_DOWNLOAD_ERRORS as exc:
                 failure = exc
                 continue
             finally:
                 body.close()
             self._seen = True
-            content_range = response.get("ContentRange")
-            if content_range:
-                return data, int(content_range.rsplit("/", 1)[1])
-            if byte_range is not None and byte_range[0] != 0:
-                raise StoreError(
-                    f"get_object {self.where(key)}: the server ignored the Range header",
-                    url=self.store_url,
-                    key=key,
-                    operation="get_object",
-                )
-            return data, len(data)
+            return total
         raise StoreError(
             f"get_object {self.where(key)} failed: the body was cut off "
             f"{self.stream_retries} times, last: {failure}",
@@ -166,6 +179,21 @@ class Bucket:
             key=key,
             operation="get_object",
         ) from failure
+
+    def _total(self, key: str, response: Mapping[str, Any], *, ranged: bool) -> int:
+        """The object's size from a GET's answer; a server that ignored a Range from a byte
+        other than 0 would misplace every byte, so that is an error."""
+        content_range = response.get("ContentRange")
+        if content_range:
+            return int(str(content_range).rsplit("/", 1)[1])
+        if ranged:
+            raise StoreError(
+                f"get_object {self.where(key)}: the server ignored the Range header",
+                url=self.store_url,
+                key=key,
+                operation="get_object",
+            )
+        return int(response.get("ContentLength") or 0)
 
     def put(self, key: str, data: bytes, *, sha256_b64: str) -> None:
         """Put a small object; S3 rejects it unless its sha256 is *sha256_b64*."""

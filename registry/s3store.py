@@ -2,8 +2,10 @@
 
 - Uploads use s3transfer's managed multipart upload with a CRC32 checksum that S3 checks;
   manifests carry their own sha256 as the checksum, so S3 checks their digest too.
-- Small blobs are one GET. Large ones are parallel ranged GETs written at their offsets while
-  the parts are hashed in order as they arrive, so verification overlaps the download.
+- Every blob is read as ranged GETs of `download_part_size` (a small blob is one), run on
+  one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
+  the file at its offset in 1 MiB chunks, and the parts are hashed from the file's pages in
+  order as they complete, so verification overlaps the download and memory stays flat.
 - `missing_blobs` groups digests by their 2-hex shard: a few per shard are HEADed, more are
   found with one LIST of just the key range needed; shards are asked in parallel.
 
@@ -13,10 +15,12 @@ Only `registry.store.open_store` imports this module, so boto3 stays off the `--
 from __future__ import annotations
 
 import base64
+import mmap
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Final
 
@@ -24,7 +28,7 @@ import xxhash
 from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
 from botocore.exceptions import BotoCoreError, ClientError
 
-from registry.digest import Digest, sha256_of
+from registry.digest import Digest, sha256_of, update_mapped
 from registry.errors import IntegrityError, StoreError
 from registry.layout import (
     BLOBS,
@@ -35,7 +39,7 @@ from registry.layout import (
     parse_blob_key,
     parse_manifest_key,
 )
-from registry.ranges import pwrite_all, read_ranges_into, split
+from registry.ranges import pwrite_all, read_ranges, split
 from registry.s3bucket import Bucket
 from registry.store import BlobInfo, Progress
 
@@ -47,8 +51,9 @@ HEAD_AT_MOST: Final = 3
 class S3Store:
     """A store under `s3://bucket/prefix`; safe to share between threads.
 
-    Defaults are tuned for throughput on one host (16 × 16 MiB ranged reads in flight,
-    8 × 64 MiB upload parts); pass smaller numbers to be gentler on a small server."""
+    Defaults are tuned for throughput on one host (16 ranged reads of 16 MiB parts in flight
+    for the whole store, 8 × 64 MiB upload parts); pass smaller numbers to be gentler on a
+    small server."""
 
     def __init__(
         self,
@@ -176,7 +181,7 @@ class S3Store:
     ) -> None:
         key = self._key(blob_key(digest))
         try:
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 actual = self._download(key, f"blob {digest}", fd, size, progress)
             finally:
@@ -188,29 +193,34 @@ class S3Store:
             dest.unlink(missing_ok=True)
             raise IntegrityError(self.bucket.where(key), expected=digest, actual=actual)
 
+    @cached_property
+    def _readers(self) -> ThreadPoolExecutor:
+        """The ranged GETs of every blob this store fetches share these threads, so a fetch
+        of many blobs keeps `download_threads` requests in flight, not that many per blob."""
+        return ThreadPoolExecutor(self.download_threads, thread_name_prefix="s3-get")
+
     def _download(
         self, key: str, what: str, fd: int, size: int | None, progress: Progress | None
     ) -> Digest:
-        hasher = xxhash.xxh3_128()
+        """Stream the object into *fd* with parallel ranged GETs on the shared readers and
+        return the xxh3-128 of what landed, hashed from the file's pages, in order, as the
+        parts complete."""
 
-        def consume(data: bytes) -> None:
-            hasher.update(data)
+        def write_at(offset: int, chunk: bytes) -> None:
+            pwrite_all(fd, chunk, offset)
             if progress is not None:
-                progress(len(data))
+                progress(len(chunk))
 
-        part = self.download_part_size
-        if size is None or size <= part:
-            # One GET: the whole of a small object, else its first part and its total size.
-            data, total = self.bucket.get(key, what, (0, part))
-            pwrite_all(fd, data, 0)
-            consume(data)
-            start = len(data)
-        else:
-            total, start = size, 0
+        def fetch(start: int, end: int) -> None:
+            written = 0
 
-        def fetch(first: int, end: int) -> bytes:
-            data, seen_total = self.bucket.get(key, what, (first, end))
-            if seen_total != total or len(data) != end - first:
+            def write(offset: int, chunk: bytes) -> None:
+                nonlocal written
+                write_at(offset, chunk)
+                written += len(chunk)
+
+            seen_total = self.bucket.read_into(key, what, write, (start, end))
+            if seen_total != total or written != end - start:
                 raise StoreError(
                     f"get_blob {self.bucket.where(key)}: the object is {seen_total} bytes, "
                     f"expected {total}",
@@ -218,10 +228,23 @@ class S3Store:
                     key=key,
                     operation="get_blob",
                 )
-            return data
 
-        ranges = split(start, total, part)
-        read_ranges_into(fd, ranges, fetch, consume, threads=self.download_threads)
+        part = self.download_part_size
+        if size is None:  # the first part's answer says how big the object is
+            total = self.bucket.read_into(key, what, write_at, (0, part))
+            start = min(part, total)
+        else:
+            total, start = size, 0
+        hasher = xxhash.xxh3_128()
+        if total:
+            os.ftruncate(fd, total)
+            with mmap.mmap(fd, total, access=mmap.ACCESS_READ) as region:
+                update_mapped(region, 0, start, hasher)
+                read_ranges(
+                    split(start, total, part), fetch,
+                    lambda first, end: update_mapped(region, first, end, hasher),
+                    pool=self._readers, window=self.download_threads,
+                )
         return Digest("xxh3-128", hasher.hexdigest())
 
     def iter_blobs(self) -> Iterator[BlobInfo]:

@@ -1,8 +1,10 @@
 """An HTTP proxy in front of the S3 test server that fails some requests on purpose.
 
-`FaultyProxy(upstream, plan)` answers the n-th request with what `plan(n)` returns:
-"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling) or "reset"
-(close the connection without an answer). It runs in a thread on a free loopback port.
+`FaultyProxy(upstream, plan)` answers the n-th request with what
+`plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
+"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "reset"
+(close the connection without an answer) or "cut" (forward it, then send the headers and
+only the first half of the body, and close). `ranges` records every GET's Range header. It runs in a thread on a free loopback port.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "slowdown", "reset"]
+Fault = Literal["pass", "slowdown", "reset", "cut"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -23,9 +25,10 @@ SLOWDOWN = (
 
 
 class FaultyProxy:
-    def __init__(self, upstream: str, plan: Callable[[int], Fault]) -> None:
+    def __init__(self, upstream: str, plan: Callable[[int, str, str, str | None], Fault]) -> None:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
+        self.ranges: list[str | None] = []
         lock = threading.Lock()
         proxy = self
 
@@ -39,8 +42,11 @@ class FaultyProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 with lock:
-                    fault = plan(len(proxy.faults))
+                    fault = plan(len(proxy.faults), self.command, self.path,
+                                 self.headers.get("Range"))
                     proxy.faults.append(fault)
+                    if self.command == "GET":
+                        proxy.ranges.append(self.headers.get("Range"))
                 if fault == "reset":
                     self.close_connection = True
                     self.connection.close()
@@ -63,7 +69,11 @@ class FaultyProxy:
                         self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                if self.command != "HEAD":
+                if fault == "cut" and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                    self.connection.close()
+                elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
 

@@ -259,6 +259,25 @@ def test_resolve_ranks_engines_then_checkpoints_then_vllm(ctx: Context, tmp_path
     assert preferred.candidates[0].digest == vllm.digest
 
 
+def test_resolve_ranks_by_the_best_passing_smoke_throughput(
+    ctx: Context, tmp_path: Path
+) -> None:
+    unsmoked = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
+    steady = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
+    peaky = import_artifact(ctx, make_engine(tmp_path / "c", seed=3), engine_spec())
+    with ctx.registry.session() as session:
+        for digest, passed, tokens in ((steady.digest, True, 500.0),
+                                       (steady.digest, False, 9000.0),  # a failure never counts
+                                       (peaky.digest, True, 800.0),
+                                       (peaky.digest, True, 300.0)):
+            records.add_smoke_report(session, digest, passed,
+                                     {"best_output_tokens_per_s": tokens})
+    ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
+    assert [(c.digest, c.tokens_per_s) for c in ranked.candidates] == [
+        (peaky.digest, 800.0), (steady.digest, 500.0), (unsmoked.digest, None),
+    ]
+
+
 def test_gc_removes_only_unreferenced_old_blobs(ctx: Context, tmp_path: Path) -> None:
     kept = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
     stray = tmp_path / "stray.bin"
@@ -354,7 +373,7 @@ def test_transient_s3_errors_are_retried(
     from tests.integration.faulty_proxy import FaultyProxy
 
     faults = ("pass", "slowdown", "reset")
-    with FaultyProxy(s3_server.endpoint_url, lambda n: faults[n % 3]) as proxy:
+    with FaultyProxy(s3_server.endpoint_url, lambda n, *_: faults[n % 3]) as proxy:
         context = Context(RegistryConfig(
             home=tmp_path, store_url=f"s3://{s3_bucket}/flaky", s3_endpoint_url=proxy.endpoint_url,
             registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
@@ -365,6 +384,42 @@ def test_transient_s3_errors_are_retried(
     assert fetched.manifest.digest == published.manifest.digest
     assert proxy.faults.count("slowdown") >= 3
     assert proxy.faults.count("reset") >= 3
+
+
+def test_a_body_cut_off_mid_stream_is_resumed_where_it_stopped(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Every first answer to a GET of a blob stops half-way through its body: the fetch asks
+    for the rest from the byte where it stopped, not for the whole part again."""
+    from tests.integration.faulty_proxy import Fault, FaultyProxy
+
+    store_url = f"s3://{s3_bucket}/cut"
+    published = import_artifact(Context(RegistryConfig(
+        home=tmp_path, store_url=store_url, s3_endpoint_url=s3_server.endpoint_url,
+        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache0",
+    )), make_engine(tmp_path / "engine"), engine_spec())
+    cut: set[str] = set()  # each blob's first GET only: the resumed read must get through
+
+    def plan(_n: int, method: str, path: str, wanted: str | None) -> Fault:
+        if method != "GET" or not (wanted or "").startswith("bytes=0-") or path in cut:
+            return "pass"
+        cut.add(path)
+        return "cut"
+
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        context = Context(RegistryConfig(
+            home=tmp_path, store_url=store_url, s3_endpoint_url=proxy.endpoint_url,
+            registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
+        ))
+        fetched = fetch(context, published.digest, tmp_path / "out", verify="strict")
+        context.close()
+    assert fetched.downloaded_bytes == published.manifest.size
+    blobs = len({entry.xxh3 for entry in published.manifest.files})
+    assert proxy.faults.count("cut") == blobs
+    firsts = [r for r in proxy.ranges if r and r.startswith("bytes=0-")]
+    resumed = [r for r in proxy.ranges if r and not r.startswith("bytes=0-")]
+    assert len(firsts) == len(resumed) == blobs
+    assert all(int(r.removeprefix("bytes=").split("-")[0]) > 0 for r in resumed)
 
 
 def test_a_permanent_s3_error_is_one_line_with_the_request_id(
