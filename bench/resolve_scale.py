@@ -182,13 +182,13 @@ def explain(ctx: Context, model: str) -> None:
     registry = ctx.registry
     sql = ("SELECT digest, kind, model, status, created_at, gpu, quant, kv_cache_dtype, tp, "
            "max_batch_size, max_seq_len, toolchain, best_tokens_per_s FROM artifacts "
-           "WHERE model = :m AND kind IN ('trtllm-engine','trtllm-checkpoint','vllm') "
-           "AND status = 'ready' AND (kind != 'trtllm-engine' OR gpu = 'h100')")
+           "WHERE model = :m AND status = 'ready' AND (kind IN ('trtllm-checkpoint', 'vllm') "
+           "OR (kind = 'trtllm-engine' AND gpu = :g))")
     prefix = ("EXPLAIN QUERY PLAN " if registry.dialect == "sqlite"
               else "EXPLAIN (ANALYZE, BUFFERS OFF) ")
     with registry.session(readonly=True) as session:
-        rows = session.execute(text(prefix + sql), {"m": model}).all()
-    print(f"    plan of resolve's query ({model}, h100):")
+        rows = session.execute(text(prefix + sql), {"m": model, "g": GPUS[0].sku}).all()
+    print(f"    plan of resolve's query ({model}, {GPUS[0].sku}):")
     for row in rows:
         print(f"      {row[-1]}")
 

@@ -307,12 +307,13 @@ class Registry:
         """
         with _translating(self.url), self._engine.connect() as connection:
             connection.execution_options(**{_READONLY: readonly})
+            if readonly and self.dialect == "postgresql":
+                # BEGIN READ ONLY in one round trip; reset when the connection goes back
+                connection.execution_options(postgresql_readonly=True)
             with Session(bind=connection, expire_on_commit=False) as session, session.begin():
                 if readonly:
                     event.listen(session, "do_orm_execute", _refuse_orm_writes)
                     event.listen(session, "before_flush", _refuse_flush)
-                    if self.dialect == "postgresql":
-                        session.execute(text("SET TRANSACTION READ ONLY"))
                 else:
                     self._check_writable(session)
                 yield session

@@ -91,7 +91,8 @@ class Artifact(Base):
     __tablename__ = "artifacts"
     __table_args__ = (
         CheckConstraint(_one_of("status", ARTIFACT_STATUSES), name="status"),
-        Index("ix_artifacts_model_status", "model", "status"),
+        # resolve: a model's ready artifacts of the servable kinds, engines for one GPU
+        Index("ix_artifacts_model_status_kind_gpu", "model", "status", "kind", "gpu"),
         Index("ix_artifacts_gpu_status", "gpu", "status"),
     )
 

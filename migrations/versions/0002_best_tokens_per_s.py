@@ -1,4 +1,4 @@
-"""artifacts.best_tokens_per_s: the best passing smoke throughput, kept on the row
+"""artifacts.best_tokens_per_s and an index for resolve's one query
 
 Revision ID: 0002
 Revises: 0001
@@ -6,7 +6,9 @@ Create Date: 2026-12-01
 
 `resolve` ranks by it; reading it from the artifact row (instead of a subquery over every
 smoke report's JSON) makes a resolve one indexed query. The backfill reads existing passing
-reports once, in Python, so the same code serves SQLite and PostgreSQL.
+reports once, in Python, so the same code serves SQLite and PostgreSQL. The index on
+(model, status, kind, gpu) replaces the one on (model, status), its prefix: with it the
+database skips other GPUs' engines in the index instead of reading their rows.
 
 Frozen: this file never imports `registry.models`.
 """
@@ -38,6 +40,9 @@ def _number(value: object) -> float | None:
 def upgrade() -> None:
     with op.batch_alter_table("artifacts") as batch:
         batch.add_column(sa.Column("best_tokens_per_s", sa.Float(), nullable=True))
+    op.create_index("ix_artifacts_model_status_kind_gpu", "artifacts",
+                    ["model", "status", "kind", "gpu"])
+    op.drop_index("ix_artifacts_model_status", table_name="artifacts")
     bind = op.get_bind()
     best: dict[int, float] = {}
     rows = bind.execute(sa.select(_reports.c.artifact_id, _reports.c.report)
@@ -52,5 +57,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.create_index("ix_artifacts_model_status", "artifacts", ["model", "status"])
+    op.drop_index("ix_artifacts_model_status_kind_gpu", table_name="artifacts")
     with op.batch_alter_table("artifacts") as batch:
         batch.drop_column("best_tokens_per_s")

@@ -4,7 +4,8 @@
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
 "pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "reset"
 (close the connection without an answer) or "cut" (forward it, then send the headers and
-only the first half of the body, and close). `ranges` records every GET's Range header. It runs in a thread on a free loopback port.
+only the first half of the body, and close). `ranges` records every GET's Range header.
+It runs in a thread on a free loopback port.
 """
 
 from __future__ import annotations
