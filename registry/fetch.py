@@ -9,7 +9,6 @@ xxh3-128 and sha256, cache hits included. A failure leaves the target as it was.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,17 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import xxhash
-
-from registry import records
 from registry.cache import BlobCache
-from registry.digest import CHUNK, Digest
+from registry.digest import Digest, digest_file
 from registry.errors import IntegrityError, ManifestError, RecordNotFoundError, UsageError
+from registry.lookup import Found, lookup
 from registry.manifest import FileEntry, Manifest
 from registry.progress import NoProgress, Progress
-from registry.publish import WORKERS
-from registry.refs import resolve_ref
-from registry.store import Store
+from registry.store import WORKERS, Store
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -52,18 +47,12 @@ def _check_target(dest: Path, force: bool) -> None:
 
 
 def _rehash(path: Path, entry: FileEntry, strict: bool) -> None:
-    fast = xxhash.xxh3_128()
-    slow = hashlib.sha256() if strict else None
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            fast.update(chunk)
-            if slow is not None:
-                slow.update(chunk)
-    actual = Digest("xxh3-128", fast.hexdigest())
-    if actual != entry.xxh3:
-        raise IntegrityError(entry.path, expected=entry.xxh3, actual=actual)
-    if slow is not None and (sha := Digest("sha256", slow.hexdigest())) != entry.sha256:
-        raise IntegrityError(entry.path, expected=entry.sha256, actual=sha)
+    """Check a cache entry (a read-only file enginectl wrote, so it is hashed through mmap)."""
+    found = digest_file(path, with_sha256=strict, mapped=True)
+    if found.xxh3 != entry.xxh3:
+        raise IntegrityError(entry.path, expected=entry.xxh3, actual=found.xxh3)
+    if found.sha256 is not None and found.sha256 != entry.sha256:
+        raise IntegrityError(entry.path, expected=entry.sha256, actual=found.sha256)
 
 
 def _inside(root: Path, relative: str) -> Path:
@@ -184,17 +173,16 @@ def fetch(
     """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*.
 
     A full digest the registry does not know is still fetched from the store, so a deploy
-    node needs only the bucket."""
+    node needs only the bucket. The registry is read without SQLAlchemy (`registry.lookup`)
+    so that a fetch starts quickly."""
     try:
-        with ctx.registry.session(readonly=True) as session:
-            digest = resolve_ref(session, ref)
-            record = records.get_artifact(session, digest)
+        found = lookup(ctx.config.registry_url, ref)
     except RecordNotFoundError:
         if not ref.startswith("sha256:") or len(ref) != len("sha256:") + 64:
             raise
-        digest, record = ref, None
-    if record is not None and record.status == "deleted":
-        raise UsageError(f"artifact {digest} is deleted; its files may be gone")
-    manifest = load_manifest(ctx, digest)
+        found = Found(ref, None)
+    if found.status == "deleted":
+        raise UsageError(f"artifact {found.digest} is deleted; its files may be gone")
+    manifest = load_manifest(ctx, found.digest)
     return fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
                           force=force, progress=progress)

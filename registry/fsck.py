@@ -16,7 +16,7 @@ from registry import records
 from registry.digest import Digest
 from registry.errors import IntegrityError, ManifestError, NotFoundError
 from registry.fetch import load_manifest
-from registry.publish import WORKERS
+from registry.store import WORKERS
 
 if TYPE_CHECKING:
     from registry.context import Context

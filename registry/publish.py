@@ -23,12 +23,11 @@ from registry.errors import ManifestError
 from registry.manifest import FileEntry, Manifest, check_path
 from registry.progress import NoProgress, Progress
 from registry.records import ArtifactKind, ArtifactRecord, ArtifactStatus, FileRecord
-from registry.store import Store
+from registry.store import WORKERS, Store
 
 if TYPE_CHECKING:
     from registry.context import Context
 
-WORKERS = min(16, 2 * (os.cpu_count() or 2))
 
 
 def scan_directory(root: Path) -> list[tuple[str, Path]]:

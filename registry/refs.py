@@ -4,12 +4,13 @@ digits (with or without `sha256:`), or an alias name."""
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
-from sqlalchemy.orm import Session
-
-from registry import records
 from registry.errors import RecordNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 MIN_PREFIX: Final = 12
 _HEX: Final = re.compile(r"^(sha256:)?[0-9a-f]+$")
@@ -27,13 +28,24 @@ def check_alias_name(name: str) -> str:
 
 def resolve_ref(session: Session, ref: str) -> str:
     """The full digest *ref* names, or RecordNotFoundError / UsageError."""
+    from registry import records
+
+    return resolve_with(ref, lambda prefix: records.find_by_prefix(session, prefix),
+                        lambda name: records.get_alias(session, name))
+
+
+def resolve_with(
+    ref: str, find_by_prefix: Callable[[str], list[str]], get_alias: Callable[[str], str | None]
+) -> str:
+    """The rules of `resolve_ref` over any reader of the registry (`registry.lookup` reads
+    it without SQLAlchemy)."""
     if _HEX.match(ref):
         hex_part = ref.removeprefix("sha256:")
         if len(hex_part) < MIN_PREFIX:
             raise UsageError(
                 f"digest prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits"
             )
-        matches = records.find_by_prefix(session, hex_part)
+        matches = find_by_prefix(hex_part)
         if len(matches) > 1:
             shown = ", ".join(m[:19] + "…" for m in matches[:5])
             raise UsageError(f"digest prefix {ref!r} is ambiguous: {shown}")
@@ -42,7 +54,7 @@ def resolve_ref(session: Session, ref: str) -> str:
                 "artifact", ref, hint="`enginectl ls` lists what is registered"
             )
         return matches[0]
-    digest = records.get_alias(session, ref)
+    digest = get_alias(ref)
     if digest is None:
         raise RecordNotFoundError(
             "alias or artifact", ref, hint="`enginectl ls` lists artifacts and their aliases"

@@ -12,15 +12,19 @@ This module stays cheap to import: boto3 is imported only when an `s3://` store 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 from urllib.parse import unquote, urlsplit
 
 from registry.digest import Digest
 from registry.errors import StoreError
+
+WORKERS: Final = min(16, 2 * (os.cpu_count() or 2))
+"""How many blobs a publish, fetch or fsck moves at once."""
 
 Progress = Callable[[int], None]
 """Called with the number of bytes moved since the last call (negative when a part is retried)."""

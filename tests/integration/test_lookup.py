@@ -1,0 +1,83 @@
+"""registry.lookup reads what fetch needs without SQLAlchemy; it must answer every ref
+exactly as registry.refs.resolve_ref does, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from registry import records
+from registry.db import Registry
+from registry.errors import RecordNotFoundError, RegistryError, UsageError
+from registry.lookup import Found, lookup, shown
+from registry.refs import resolve_ref
+from tests.integration.db_fixtures import make_record
+
+
+def _outcome(call: object) -> object:
+    try:
+        return call()  # type: ignore[operator]
+    except (RecordNotFoundError, UsageError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def test_lookup_answers_every_ref_as_resolve_ref_does(
+    registry: Registry, registry_url: str
+) -> None:
+    kept, gone = make_record("kept", status="ready"), make_record("gone")
+    with registry.session() as session:
+        for record in (kept, gone):
+            records.add_artifact(session, record)
+        records.set_alias(session, "llama/h100/prod", kept.digest)
+        records.mark_deleted(session, gone.digest, "gc")
+    unknown = "sha256:" + "0" * 64
+    refs = [kept.digest, kept.digest[:19], kept.digest[7:19], kept.digest[7:14], gone.digest,
+            "llama/h100/prod", "no/such/alias", unknown, "sha256:", "sha256:" + kept.digest[7:18]]
+    with registry.session(readonly=True) as session:
+        expected = [_outcome(lambda r=ref: resolve_ref(session, r)) for ref in refs]
+    assert [_outcome(lambda r=ref: lookup(registry_url, r).digest) for ref in refs] == expected
+    assert expected[:3] == [kept.digest] * 3  # the table is not all errors
+    assert lookup(registry_url, "llama/h100/prod") == Found(kept.digest, "ready")
+    assert lookup(registry_url, gone.digest) == Found(gone.digest, "deleted")
+
+
+def test_an_ambiguous_prefix_is_refused_alike(registry: Registry, registry_url: str) -> None:
+    twins = [make_record(f"twin{i}", digest=f"sha256:abcdef012345{i}" + "0" * 51)
+             for i in range(2)]
+    with registry.session() as session:
+        for record in twins:
+            records.add_artifact(session, record)
+    with registry.session(readonly=True) as session:
+        expected = _outcome(lambda: resolve_ref(session, "abcdef012345"))
+    assert expected == _outcome(lambda: lookup(registry_url, "abcdef012345"))
+    assert "ambiguous" in str(expected)
+    assert lookup(registry_url, "abcdef0123451").digest == twins[1].digest
+
+
+def test_a_registry_that_does_not_exist_yet_lists_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'never' / 'registry.db'}"
+    with pytest.raises(RecordNotFoundError):
+        lookup(url, "sha256:" + "1" * 64)
+    assert not (tmp_path / "never").exists()  # reading created nothing
+
+
+def test_an_empty_postgres_schema_lists_nothing(postgres_url: str) -> None:
+    with pytest.raises(RecordNotFoundError):
+        lookup(postgres_url, "prod")
+
+
+def test_an_unreachable_database_is_one_line_without_the_password() -> None:
+    url = "postgresql+psycopg://enginectl:s3cret@127.0.0.1:1/registry"
+    with pytest.raises(RegistryError) as caught:
+        lookup(url, "prod")
+    message = str(caught.value)
+    assert message.startswith("cannot use registry postgresql+psycopg://enginectl:***@127.0.0.1:1")
+    assert "s3cret" not in message
+    assert "\n" not in message
+    assert shown("sqlite:////tmp/r.db") == "sqlite:////tmp/r.db"
+
+
+def test_an_unsupported_url_is_refused() -> None:
+    with pytest.raises(RegistryError, match=r"unsupported registry URL mysql://u:\*\*\*@h/db"):
+        lookup("mysql://u:pw@h/db", "prod")
