@@ -81,3 +81,42 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
 def test_an_unsupported_url_is_refused() -> None:
     with pytest.raises(RegistryError, match=r"unsupported registry URL mysql://u:\*\*\*@h/db"):
         lookup("mysql://u:pw@h/db", "prod")
+
+
+def test_a_fetch_never_imports_sqlalchemy(tmp_path: Path) -> None:
+    """What keeps `enginectl fetch` quick to start: checked in a fresh interpreter that
+    fetches by alias from a file store and a SQLite registry."""
+    import os
+    import subprocess
+    import sys
+
+    from registry.adopt import ImportSpec, import_artifact
+    from registry.config import RegistryConfig
+    from registry.context import Context
+
+    source = tmp_path / "engine"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    (source / "rank0.engine").write_bytes(b"engine bytes")
+    config = RegistryConfig(home=tmp_path, store_url=(tmp_path / "store").as_uri(),
+                            s3_endpoint_url=None, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
+                            cache_dir=tmp_path / "cache")
+    ctx = Context(config)
+    published = import_artifact(ctx, source, ImportSpec(kind="trtllm-engine", model="m",
+                                                        gpu="h100", status="ready"))
+    with ctx.registry.session() as session:
+        records.set_alias(session, "m/prod", published.digest)
+    ctx.close()
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom registry.context import Context\n"
+        "from registry.fetch import fetch\n"
+        "fetch(Context(), 'm/prod', Path(sys.argv[1]))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')))\n"
+    )
+    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path), "ENGINECTL_STORE_URL": config.store_url,
+           "ENGINECTL_REGISTRY_URL": config.registry_url,
+           "ENGINECTL_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "out" / "rank0.engine").read_bytes() == b"engine bytes"
