@@ -108,13 +108,18 @@ class Hasher(Protocol):
 
 def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | None) -> None:
     """Feed bytes [start, end) of a mapped file to every hasher, CHUNK bytes at a time (both
-    hashes of a chunk run while it is in the CPU cache), without copying them."""
+    hashes of a chunk run while it is in the CPU cache), without copying them. Each chunk
+    is unmapped from this process once hashed (the page cache keeps it), so hashing a big
+    file does not show up as resident memory."""
     with memoryview(region) as view:
         for offset in range(start, end, CHUNK):
-            with view[offset:min(offset + CHUNK, end)] as piece:
+            stop = min(offset + CHUNK, end)
+            with view[offset:stop] as piece:
                 for hasher in hashers:
                     if hasher is not None:
                         hasher.update(piece)
+            if offset % mmap.PAGESIZE == 0:
+                region.madvise(mmap.MADV_DONTNEED, offset, stop - offset)
 
 
 def tree_digest(root: Path) -> Digest:

@@ -20,7 +20,7 @@ from typing import IO, Final
 
 import xxhash
 
-from registry.digest import Digest, sha256_of
+from registry.digest import Digest, sha256_of, update_mapped
 from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.layout import (
     BLOBS,
@@ -86,7 +86,7 @@ def _kernel_copy_hashing(
     hasher = xxhash.xxh3_128()
     if size:
         with mmap.mmap(dest.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            hasher.update(mapped)
+            update_mapped(mapped, 0, size, hasher)
     if progress is not None:
         progress(size)
     return Digest("xxh3-128", hasher.hexdigest())
