@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from registry.digest import Digest
+from registry.filestore import remove_stale
 
 
 class BlobCache:
@@ -45,3 +47,8 @@ class BlobCache:
     def evict(self, digest: Digest) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path(digest).unlink()
+
+    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Temp entries (`.tmp-*`) of fills killed before *before*: a fetch that was
+        interrupted resumes from its finished entries, never from these."""
+        return remove_stale(self.root.glob("*/*/.tmp-*"), before, dry_run=dry_run)

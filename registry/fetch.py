@@ -9,8 +9,10 @@ xxh3-128 and sha256, cache hits included. A failure leaves the target as it was.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
+import socket
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,6 +86,7 @@ def fetch_manifest(
 ) -> Fetched:
     """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*."""
     dest = dest.absolute()
+    _clear_abandoned(dest)  # first: it may put back what a killed fetch had set aside
     _check_target(dest, force)
     progress = progress or NoProgress()
     by_digest = {entry.xxh3: entry for entry in manifest.files}
@@ -103,7 +106,7 @@ def fetch_manifest(
             ) from exc
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-", dir=dest.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-{_owner()}-", dir=dest.parent))
     try:
         with ThreadPoolExecutor(WORKERS) as pool:
             list(pool.map(download, missing))
@@ -133,6 +136,42 @@ def fetch_manifest(
     return Fetched(manifest, dest, downloaded, manifest.size - downloaded)
 
 
+def _owner() -> str:
+    """Who made a staging or set-aside directory: `HOST-PID`, read back by _clear_abandoned."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _clear_abandoned(dest: Path) -> None:
+    """Tidy what fetches into *dest* that were killed on this host left beside it: staging
+    directories (`.DEST.fetch-HOST-PID-X`) are removed; a set-aside previous content
+    (`.DEST.old-HOST-PID`, killed mid-swap) is put back when DEST is missing, else removed.
+    Directories of live processes and of other hosts are left alone."""
+    host = socket.gethostname()
+    for path in dest.parent.glob(f".{glob.escape(dest.name)}.*-*"):
+        kind, _, owner = path.name[len(dest.name) + 2:].partition("-")
+        if kind == "fetch":
+            owner = owner.rsplit("-", 1)[0]
+        elif kind != "old":
+            continue
+        their_host, _, pid = owner.rpartition("-")
+        if their_host != host or not pid.isdigit() or _alive(int(pid)) or not path.is_dir():
+            continue
+        if kind == "old" and not dest.exists():
+            path.rename(dest)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 def _swap_into_place(staging: Path, dest: Path) -> None:
     if not dest.exists():
         staging.rename(dest)
@@ -141,7 +180,7 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         dest.rmdir()
         staging.rename(dest)
         return
-    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    old = dest.parent / f".{dest.name}.old-{_owner()}"
     dest.rename(old)
     try:
         staging.rename(dest)

@@ -102,6 +102,21 @@ def _copy_hashing(source: IO[bytes], dest: IO[bytes], progress: Progress | None)
     return Digest("xxh3-128", hasher.hexdigest())
 
 
+def remove_stale(paths: Iterable[Path], before: datetime, *, dry_run: bool = False) -> int:
+    """Remove the regular files among *paths* last modified before *before*; their count."""
+    count = 0
+    for path in paths:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode) and datetime.fromtimestamp(info.st_mtime, UTC) < before:
+            count += 1
+            if not dry_run:
+                path.unlink(missing_ok=True)
+    return count
+
+
 class FileStore:
     """A store rooted at a local folder; created on the first write."""
 
@@ -190,17 +205,7 @@ class FileStore:
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Temp files (`.<name>.<hex>.tmp`) of writers killed before *before*."""
-        count = 0
-        for path in self.root.rglob(".*.tmp"):
-            try:
-                old = datetime.fromtimestamp(path.lstat().st_mtime, UTC) < before
-            except FileNotFoundError:
-                continue
-            if old and path.is_file():
-                count += 1
-                if not dry_run:
-                    path.unlink(missing_ok=True)
-        return count
+        return remove_stale(self.root.rglob(".*.tmp"), before, dry_run=dry_run)
 
     def delete_blob(self, digest: Digest) -> None:
         key = blob_key(digest)

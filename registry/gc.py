@@ -4,7 +4,8 @@ Kept, always: every blob of an artifact that is not deleted (ready, aliased or o
 every blob of a manifest in the store that the registry does not list (it may be a publish
 in progress, or waiting for `reindex`), and every blob younger than the grace period (a
 publish in progress uploads blobs before its manifest). What killed writers left half-written
-(temp files, unfinished S3 multipart uploads) goes too, once older than the grace period.
+(temp files, unfinished S3 multipart uploads, and this machine's fetch-cache temp entries)
+goes too, once older than the grace period.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Collected:
     manifests: list[str] = field(default_factory=list)
     bytes_freed: int = 0
     unregistered_manifests: list[str] = field(default_factory=list)
-    partial: int = 0  # temp files / unfinished multipart uploads of killed writers
+    partial: int = 0  # temp files / unfinished multipart uploads / cache temp entries of
+    # killed writers
 
 
 def gc(ctx: Context, *, grace: timedelta = timedelta(days=7), dry_run: bool = False,
@@ -53,6 +55,7 @@ def gc(ctx: Context, *, grace: timedelta = timedelta(days=7), dry_run: bool = Fa
             continue
     cutoff = now - grace
     result.partial = ctx.store.remove_partial(cutoff, dry_run=dry_run)
+    result.partial += ctx.cache.remove_partial(cutoff, dry_run=dry_run)
     for blob in ctx.store.iter_blobs():
         if blob.digest not in keep and blob.modified < cutoff:
             result.blobs.append(blob.digest)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -123,6 +126,64 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
         bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
         client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
         client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_key(digest)}", Body=bytes(data))
+
+
+def _local_context(tmp_path: Path) -> Context:
+    return Context(RegistryConfig(
+        home=tmp_path, store_url=(tmp_path / "store").as_uri(), s3_endpoint_url=None,
+        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
+    ))
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_a_fetch_tidies_what_killed_fetches_left_beside_its_target(tmp_path: Path) -> None:
+    ctx = _local_context(tmp_path)
+    published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
+    host, dead = socket.gethostname(), _dead_pid()
+    left = {name: tmp_path / name for name in (
+        f".out.fetch-{host}-{dead}-abc123",  # a killed fetch's staging: removed
+        f".out.fetch-{host}-{os.getpid()}-def456",  # a running one's: kept
+        f".out.fetch-elsewhere-{dead}-ghi789",  # another host's: kept
+        f".output.fetch-{host}-{dead}-jkl012",  # another target's: kept
+    )}
+    for path in left.values():
+        path.mkdir()
+        (path / "rank0.engine").write_bytes(b"partial")
+    fetch(ctx, published.digest, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.glob(".out*")) == sorted(list(left)[1:])
+
+    # Killed between setting the old content aside and renaming the new one in: the old
+    # content comes back, and a fetch without --force then refuses to replace it.
+    aside = tmp_path / f".mine.old-{host}-{dead}"
+    aside.mkdir()
+    (aside / "notes.txt").write_text("my previous engine")
+    with pytest.raises(UsageError, match="not empty"):
+        fetch(ctx, published.digest, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "my previous engine"
+    assert not aside.exists()
+    ctx.close()
+
+
+def test_gc_removes_old_temp_entries_of_the_fetch_cache(tmp_path: Path) -> None:
+    ctx = _local_context(tmp_path)
+    published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
+    fetch(ctx, published.digest, tmp_path / "out")
+    entry = ctx.cache.path(published.manifest.files[0].xxh3)
+    partial = entry.parent / ".tmp-0123456789abcdef"
+    partial.write_bytes(b"half a blob")
+    assert gc(ctx, dry_run=True).partial == 0  # younger than the grace period
+    later = datetime.now(UTC) + timedelta(days=8)
+    assert gc(ctx, dry_run=True, now=later).partial == 1
+    assert partial.exists()
+    assert gc(ctx, now=later).partial == 1
+    assert not partial.exists()
+    assert entry.exists()  # finished entries stay
+    ctx.close()
 
 
 def test_a_flipped_byte_fails_fetch_and_fsck_and_leaves_the_target_alone(
