@@ -12,7 +12,7 @@ registry in a temp dir). Then, in interleaved rounds (median of ROUNDS), wall cl
   (c)  boto3 `download_file` with default TransferConfig, the 8 objects one after another
   (c') the same, 8 threads (one object each)
   (d)  `s5cmd cp 's3://bucket/prefix/blobs/*' DIR/`
-  (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (re-hash + link)
+  (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (a hard link each)
 
 with, for each, the client's CPU seconds (user + system), the server's CPU seconds, and the
 peak RSS of the processes started (enginectl, aws, s5cmd). CPU seconds are the steadier

@@ -22,6 +22,9 @@ Algorithm = Literal["sha256", "xxh3-128"]
 _HEX_LEN: Final[dict[str, int]] = {"sha256": 64, "xxh3-128": 32}
 _PATTERN: Final = re.compile(r"^(sha256|xxh3-128):([0-9a-f]+)$")
 CHUNK: Final = 1 << 20
+RELEASE: Final = 32 << 20
+"""Hashed pages of a mapped file are dropped from the mapping in steps this big: each drop
+interrupts every thread's CPU (a TLB flush), so not one per CHUNK."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -111,6 +114,7 @@ def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | No
     hashes of a chunk run while it is in the CPU cache), without copying them. Each chunk
     is unmapped from this process once hashed (the page cache keeps it), so hashing a big
     file does not show up as resident memory."""
+    released = start if start % mmap.PAGESIZE == 0 else end
     with memoryview(region) as view:
         for offset in range(start, end, CHUNK):
             stop = min(offset + CHUNK, end)
@@ -118,8 +122,9 @@ def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | No
                 for hasher in hashers:
                     if hasher is not None:
                         hasher.update(piece)
-            if offset % mmap.PAGESIZE == 0:
-                region.madvise(mmap.MADV_DONTNEED, offset, stop - offset)
+            if stop - released >= RELEASE or (stop == end and released < end):
+                region.madvise(mmap.MADV_DONTNEED, released, stop - released)
+                released = stop
 
 
 def tree_digest(root: Path) -> Digest:
