@@ -141,11 +141,12 @@ def candidates_for(
     throughput is kept on the row (`best_tokens_per_s`) and the toolchain parts an engine
     must match are read out of the JSON by the database, so no JSON is decoded here."""
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
+    rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
     return [
         Candidate(digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
                   toolchain={"trtllm": trtllm, "tensorrt": tensorrt}, tokens_per_s=best)
         for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-             trtllm, tensorrt, best) in session.execute(query, {"model": model, "gpu": gpu})
+             trtllm, tensorrt, best) in rows
     ]
 
 
