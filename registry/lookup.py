@@ -42,7 +42,8 @@ def lookup(url: str, ref: str) -> Found:
 
 
 class _Reader:
-    """Three SELECTs over a DB-API connection; *cursor* is None for a registry with no tables."""
+    """Three SELECTs over a DB-API connection; *connection* is None for a registry with no
+    tables yet (nothing is registered)."""
 
     def __init__(self, connection: Any, placeholder: str) -> None:
         self._connection = connection
