@@ -176,19 +176,20 @@ def report(label: str, values: list[float]) -> tuple[str, float]:
 
 
 def explain(ctx: Context, model: str) -> None:
-    """The plan of the one query resolve sends."""
+    """The plan of the query resolve sends (registry.resolve's own statement)."""
     from sqlalchemy import text
 
+    from registry.resolve import _candidates_query
+
     registry = ctx.registry
-    sql = ("SELECT digest, kind, model, status, created_at, gpu, quant, kv_cache_dtype, tp, "
-           "max_batch_size, max_seq_len, toolchain, best_tokens_per_s FROM artifacts "
-           "WHERE model = :m AND status = 'ready' AND (kind IN ('trtllm-checkpoint', 'vllm') "
-           "OR (kind = 'trtllm-engine' AND gpu = :g))")
-    prefix = ("EXPLAIN QUERY PLAN " if registry.dialect == "sqlite"
-              else "EXPLAIN (ANALYZE, BUFFERS OFF) ")
+    gpu = GPUS[0].sku
     with registry.session(readonly=True) as session:
-        rows = session.execute(text(prefix + sql), {"m": model, "g": GPUS[0].sku}).all()
-    print(f"    plan of resolve's query ({model}, {GPUS[0].sku}):")
+        query = _candidates_query(False, by_gpu=True).params(model=model, gpu=gpu)
+        sql = str(query.compile(session.get_bind(), compile_kwargs={"literal_binds": True}))
+        prefix = ("EXPLAIN QUERY PLAN " if registry.dialect == "sqlite"
+                  else "EXPLAIN (ANALYZE, BUFFERS OFF) ")
+        rows = session.execute(text(prefix + sql)).all()
+    print(f"    plan of resolve's query ({model}, {gpu}):")
     for row in rows:
         print(f"      {row[-1]}")
 

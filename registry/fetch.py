@@ -48,12 +48,13 @@ def _check_target(dest: Path, force: bool) -> None:
         raise UsageError(f"{dest} is not empty; fetch into an empty directory or pass --force")
 
 
-def _rehash(path: Path, entry: FileEntry, strict: bool) -> None:
-    """Check a cache entry (a read-only file enginectl wrote, so it is hashed through mmap)."""
-    found = digest_file(path, with_sha256=strict, mapped=True)
+def _rehash(path: Path, entry: FileEntry) -> None:
+    """`--verify strict` of a cache entry: xxh3-128 and sha256 (the entry is a read-only file
+    enginectl wrote, so it is hashed through mmap)."""
+    found = digest_file(path, mapped=True)
     if found.xxh3 != entry.xxh3:
         raise IntegrityError(entry.path, expected=entry.xxh3, actual=found.xxh3)
-    if found.sha256 is not None and found.sha256 != entry.sha256:
+    if found.sha256 is not None and found.sha256 != entry.sha256:  # always set: with_sha256
         raise IntegrityError(entry.path, expected=entry.sha256, actual=found.sha256)
 
 
@@ -117,7 +118,7 @@ def fetch_manifest(
                 # renamed into place), so `fast` trusts them; `strict` re-hashes everything.
                 if verify == "strict":
                     try:
-                        _rehash(source, entry, strict=True)
+                        _rehash(source, entry)
                     except IntegrityError:
                         cache.evict(entry.xxh3)
                         raise

@@ -29,8 +29,8 @@ class Collected:
     manifests: list[str] = field(default_factory=list)
     bytes_freed: int = 0
     unregistered_manifests: list[str] = field(default_factory=list)
-    partial: int = 0  # temp files / unfinished multipart uploads / cache temp entries of
-    # killed writers
+    partial: int = 0
+    """What killed writers left: temp files, unfinished multipart uploads, cache temp entries."""
 
 
 def gc(ctx: Context, *, grace: timedelta = timedelta(days=7), dry_run: bool = False,

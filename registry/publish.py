@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from registry.context import Context
 
 
-
 def scan_directory(root: Path) -> list[tuple[str, Path]]:
     """Every regular file under *root* as (relative POSIX path, path), sorted.
 

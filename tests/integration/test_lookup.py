@@ -3,6 +3,7 @@ exactly as registry.refs.resolve_ref does, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ from registry.refs import resolve_ref
 from tests.integration.db_fixtures import make_record
 
 
-def _outcome(call: object) -> object:
+def _outcome(call: Callable[[], object]) -> object:
     try:
-        return call()  # type: ignore[operator]
+        return call()
     except (RecordNotFoundError, UsageError) as exc:
         return (type(exc).__name__, str(exc))
 
