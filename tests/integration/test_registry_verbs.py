@@ -169,6 +169,29 @@ def test_a_fetch_tidies_what_killed_fetches_left_beside_its_target(tmp_path: Pat
     ctx.close()
 
 
+def test_strict_re_hashes_the_cache_and_evicts_a_bad_entry(tmp_path: Path) -> None:
+    ctx = _local_context(tmp_path)
+    published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
+    fetch(ctx, published.digest, tmp_path / "first")
+    rank0 = next(f for f in published.manifest.files if f.path == "rank0.engine")
+    entry = ctx.cache.path(rank0.xxh3)
+    entry.chmod(0o644)  # what a disk error or a careless hand would do to a cache entry
+    data = bytearray(entry.read_bytes())
+    data[0] ^= 0x01
+    entry.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        fetch(ctx, published.digest, tmp_path / "strict", verify="strict")
+    assert "rank0.engine" in str(caught.value)
+    assert caught.value.expected == rank0.xxh3
+    assert not (tmp_path / "strict").exists()
+    assert not entry.exists()  # evicted: the next fetch downloads it again
+    again = fetch(ctx, published.digest, tmp_path / "strict", verify="strict")
+    assert again.downloaded_bytes == rank0.size
+    assert (tmp_path / "strict" / "rank0.engine").read_bytes() == (
+        tmp_path / "engine" / "rank0.engine").read_bytes()
+    ctx.close()
+
+
 def test_gc_removes_old_temp_entries_of_the_fetch_cache(tmp_path: Path) -> None:
     ctx = _local_context(tmp_path)
     published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
