@@ -1,0 +1,205 @@
+"""Commands on artifacts: import, ls, show, fetch, tag, untag, resolve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.base import context, echo_json, handle_errors, main, progress
+
+
+def _parse_shape(text: str | None) -> dict[str, int] | None:
+    """`--shape max_batch_size=8,max_input_len=1024,max_seq_len=2048`"""
+    if not text:
+        return None
+    from registry.adopt import SHAPE_FIELDS
+    from registry.errors import UsageError
+
+    shape: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in SHAPE_FIELDS or not value.strip().isdigit():
+            raise UsageError(
+                f"--shape {part!r}: expected NAME=INT with NAME in {', '.join(SHAPE_FIELDS)}"
+            )
+        shape[name] = int(value)
+    return shape
+
+
+@main.command("import")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--kind", required=True, help="trtllm-engine, trtllm-checkpoint, vllm, …")
+@click.option("--model", required=True, help="Model name, as recipes call it.")
+@click.option("--gpu", help="GPU SKU (required for engines).")
+@click.option("--quant", help="Quantization (bf16, fp8, int4_awq, …).")
+@click.option("--kv-cache-dtype", help="KV-cache dtype (auto, fp8, int8).")
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor parallelism.")
+@click.option("--pp", type=click.IntRange(min=1), help="Pipeline parallelism.")
+@click.option("--shape", "shape_text", help="max_batch_size=N,max_input_len=N,max_seq_len=N")
+@click.option("--ready", is_flag=True,
+              help="Register as ready (you vouch it serves) instead of built.")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str | None,
+            kv_cache_dtype: str | None, tp: int | None, pp: int | None,
+            shape_text: str | None, ready: bool, as_json: bool) -> None:
+    """Adopt an engine or checkpoint DIRECTORY built elsewhere."""
+    from registry.adopt import ImportSpec, import_artifact
+
+    spec = ImportSpec(kind=kind, model=model, gpu=gpu, quant=quant,
+                      kv_cache_dtype=kv_cache_dtype, tp=tp, pp=pp,
+                      shape=_parse_shape(shape_text), status="ready" if ready else "built")
+    result = import_artifact(context(), directory, spec, progress=progress())
+    if as_json:
+        echo_json({"digest": result.digest, "registered": result.registered,
+                    "blobs_uploaded": result.blobs_uploaded,
+                    "bytes_uploaded": result.bytes_uploaded})
+        return
+    state = "imported" if result.registered else "already registered"
+    click.echo(f"{state}: {result.digest} ({len(result.manifest.files)} files, "
+               f"{result.manifest.size} bytes, {result.blobs_uploaded} new blobs)")
+
+
+@main.command("ls")
+@click.option("--model")
+@click.option("--gpu")
+@click.option("--kind")
+@click.option("--quant")
+@click.option("--status")
+@click.option("--alias")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def ls_(as_json: bool, **filters: str | None) -> None:
+    """List registered artifacts."""
+    from registry.inventory import ls
+
+    if filters.get("gpu"):
+        from registry.gpus import UnknownGpuError, lookup_gpu
+
+        try:
+            filters["gpu"] = lookup_gpu(str(filters["gpu"])).sku
+        except UnknownGpuError as exc:
+            from registry.errors import UsageError
+
+            raise UsageError(f"--gpu: {exc}") from exc
+    rows = ls(context(), **filters)
+    if as_json:
+        echo_json(rows)
+        return
+    from pipeline.report import artifact_table
+
+    click.echo(artifact_table(rows))
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def show(ref: str, as_json: bool) -> None:
+    """Show an artifact: manifest, provenance, aliases and smoke reports."""
+    from registry.inventory import show as show_artifact
+
+    info = show_artifact(context(), ref)
+    if as_json:
+        echo_json(info)
+        return
+    from pipeline.report import show_lines
+
+    click.echo("\n".join(show_lines(info)))
+
+
+@main.command()
+@click.argument("ref")
+@click.option("-o", "--output", "output", required=True,
+              type=click.Path(path_type=Path, file_okay=False), help="Target directory.")
+@click.option("--verify", type=click.Choice(["fast", "strict"]), default="fast",
+              show_default=True, help="strict adds sha256 to xxh3-128.")
+@click.option("--force", is_flag=True, help="Replace a non-empty target directory.")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def fetch(ref: str, output: Path, verify: str, force: bool, as_json: bool) -> None:
+    """Fetch REF (digest, 12+ hex prefix, or alias) into a directory, verified."""
+    from registry.fetch import fetch as fetch_artifact
+
+    result = fetch_artifact(context(), ref, output, verify="strict" if verify == "strict"
+                            else "fast", force=force, progress=progress())
+    if as_json:
+        echo_json({"digest": str(result.manifest.digest), "path": str(result.path),
+                    "downloaded_bytes": result.downloaded_bytes,
+                    "cached_bytes": result.cached_bytes})
+        return
+    click.echo(f"fetched {result.manifest.digest} into {result.path} "
+               f"({result.downloaded_bytes} bytes downloaded, {result.cached_bytes} from cache)")
+
+
+@main.command()
+@click.argument("ref")
+@click.argument("alias")
+@click.option("--note", help="Why (kept in the alias history).")
+@click.option("--allow-unready", is_flag=True,
+              help="Tag a built (not yet smoke-tested) artifact; recorded in the history.")
+@handle_errors
+def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
+    """Point ALIAS at the artifact REF (only ready artifacts, unless overridden)."""
+    from registry.aliases import tag as tag_artifact
+
+    digest, previous = tag_artifact(context(), ref, alias, note, allow_unready=allow_unready)
+    moved = f" (was {previous})" if previous and previous != digest else ""
+    click.echo(f"{alias} -> {digest}{moved}")
+
+
+@main.command()
+@click.argument("alias")
+@handle_errors
+def untag(alias: str) -> None:
+    """Remove ALIAS (its history is kept)."""
+    from registry.aliases import untag as untag_alias
+
+    click.echo(f"removed {alias} (was {untag_alias(context(), alias)})")
+
+
+@main.command()
+@click.option("--model", required=True)
+@click.option("--gpu", required=True, help="GPU SKU, or 'auto' to read nvidia-smi.")
+@click.option("--gpus", "gpu_count", type=click.IntRange(min=1),
+              help="GPUs on the node (auto: counted).")
+@click.option("--min-seq-len", type=click.IntRange(min=1))
+@click.option("--min-batch", type=click.IntRange(min=1))
+@click.option("--prefer", multiple=True, type=click.Choice(["engine", "checkpoint", "vllm"]),
+              help="Kinds to try first, in order (repeatable).")
+@click.option("--explain", is_flag=True, help="Say why every other artifact was rejected.")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None,
+            min_batch: int | None, prefer: tuple[str, ...], explain: bool,
+            as_json: bool) -> None:
+    """Rank the artifacts of a model for a GPU: engines, then checkpoints, then vLLM."""
+    from registry.errors import RecordNotFoundError, UsageError
+    from registry.gpus import UnknownGpuError, lookup_gpu
+    from registry.resolve import Request, local_gpu
+    from registry.resolve import resolve as rank_for
+
+    if gpu == "auto":
+        spec, counted = local_gpu()
+        gpu_count = gpu_count or counted
+    else:
+        try:
+            spec = lookup_gpu(gpu)
+        except UnknownGpuError as exc:
+            raise UsageError(f"--gpu: {exc}") from exc
+    request = Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
+                      min_batch=min_batch, prefer=prefer)
+    ranked = rank_for(context(), request, explain=explain)
+    if as_json:
+        echo_json(ranked.as_dict())
+    else:
+        from pipeline.report import resolve_lines
+
+        click.echo("\n".join(resolve_lines(ranked, explain)))
+    if not ranked.candidates:
+        raise RecordNotFoundError(
+            "servable artifact for", f"{model} on {spec.sku}",
+            hint="rerun with --explain to see why each artifact was rejected",
+        )

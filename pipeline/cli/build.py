@@ -1,0 +1,145 @@
+"""Commands on recipes and their stage chains: plan, build, smoke, compare, toolchain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.base import context, echo_json, handle_errors, main
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--commands", is_flag=True, help="Print the argv of every program it would run.")
+@handle_errors
+def plan(recipe: Path, as_json: bool, commands: bool) -> None:
+    """Show what RECIPE would build, what it shares, and what fits; touches no GPU."""
+    from pipeline.plan import plan_recipe
+    from pipeline.recipe import load_recipe
+    from pipeline.settings import Settings
+
+    the_plan = plan_recipe(load_recipe(recipe), Settings.from_env())
+    if as_json:
+        echo_json(the_plan.as_dict())
+    elif commands:
+        import shlex
+
+        for argv in the_plan.commands():
+            click.echo(shlex.join(argv))
+    else:
+        from pipeline.report import print_plan
+
+        print_plan(the_plan)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Stage runs in parallel (GPU stages never share a GPU).")
+@click.option("--only", "only", metavar="PATTERN", help="Targets whose id matches this glob.")
+@click.option("--force", is_flag=True, help="Rebuild even what the registry already has.")
+@click.option("--keep-going", is_flag=True, help="Continue independent targets after a failure.")
+@click.option("--dry-run", is_flag=True, help="Show the plan with hit/miss per stage; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@handle_errors
+def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bool,
+          dry_run: bool, as_json: bool) -> None:
+    """Run RECIPE's stage chain: reuse every stage the registry has, build the rest."""
+    from pipeline.build import build_recipe, dry_run_lines, summary_lines
+
+    result = build_recipe(recipe, jobs=jobs, only=only, force=force, keep_going=keep_going,
+                          dry_run=dry_run, echo=None if as_json else click.echo)
+    if dry_run:
+        if as_json:
+            echo_json(result.plan.as_dict(built=lambda key: key in result.hits))
+        else:
+            click.echo("\n".join(dry_run_lines(result)))
+        return
+    if as_json:
+        echo_json(result.summary.as_dict())
+    else:
+        click.echo("\n".join(summary_lines(result)))
+    if result.summary.failed:
+        from pipeline.errors import StageError
+
+        first = result.summary.failed[0]
+        raise StageError(first.stage, first.key, first.error or "failed",
+                         target=first.targets[0] if first.targets else None)
+    smoke_failed = [o for o in result.summary.outcomes if o.status == "smoke-failed"]
+    if smoke_failed:
+        from pipeline.errors import SmokeError
+
+        raise SmokeError(smoke_failed[0].digest or "?", smoke_failed[0].error or "failed")
+
+
+@main.command()
+@click.option("--model", required=True)
+@click.option("--gpu", help="Only engines for this GPU SKU (checkpoints and vLLM always show).")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML page with a throughput chart.")
+@handle_errors
+def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) -> None:
+    """Side by side: tokens/s, TTFT, $/1M tokens, cold start, build time and size of each
+    ready artifact of a model, from its latest passing smoke report."""
+    from pipeline.compare import compare as compare_artifacts
+    from pipeline.compare import render_table, write_html
+
+    comparison = compare_artifacts(context(), model, gpu)
+    if as_json:
+        echo_json(comparison.as_dict())
+    else:
+        click.echo(render_table(comparison))
+    if html_path is not None:
+        written = write_html(comparison, html_path)
+        click.echo(f"wrote {written}", err=as_json)
+
+
+@main.command()
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def smoke(ref: str, as_json: bool) -> None:
+    """Smoke-serve REF here with its real server; record the report; ready or quarantined."""
+    from pipeline.stages.smoke import smoke_artifact
+
+    digest, report = smoke_artifact(ref)
+    if as_json:
+        echo_json({"digest": digest, **report.as_dict()})
+    else:
+        for check in report.checks:
+            click.echo(f"{'pass' if check.passed else 'FAIL'}  {check.name:<12} {check.message}")
+        for level in report.load:
+            click.echo(f"load  c={level.concurrency:<4} {level.output_tokens_per_s:8.1f} tok/s  "
+                       f"TTFT p50 {level.ttft_p50_s}  p95 {level.ttft_p95_s}  "
+                       f"errors {level.errors}")
+        click.echo(f"{digest}: {'ready' if report.passed else 'quarantined'}")
+    if not report.passed:
+        from pipeline.errors import SmokeError
+
+        raise SmokeError(digest, report.failure or "failed")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def toolchain(as_json: bool) -> None:
+    """Print this machine's toolchain fingerprint (GPU, driver, CUDA, TensorRT, TRT-LLM, …)."""
+    import os
+
+    from pipeline.settings import Settings
+    from pipeline.toolchain import probe
+
+    found = probe(Settings.from_env().python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
+    data = {**found.toolchain.as_dict(), "gpu_name": found.gpu_name,
+            "gpu_count": found.gpu_count, "note": found.note}
+    if as_json:
+        echo_json(data)
+        return
+    for name, value in data.items():
+        if name != "note":
+            click.echo(f"{name:<13} {value if value is not None else '-'}")
+    if found.note:
+        click.echo(found.note)
