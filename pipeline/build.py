@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.execute import BuildSummary, Executor, Outcome, lookup, selected_keys
+from pipeline.executors.dag import selected_keys, walk
+from pipeline.executors.local import LocalExecutor
+from pipeline.executors.outcome import BuildSummary, Outcome
+from pipeline.executors.stage import lookup
 from pipeline.keys import short_key
 from pipeline.plan import Plan, StageRun, plan_recipe
 from pipeline.recipe import load_recipe
@@ -66,23 +69,23 @@ def build_recipe(
         raise UsageError(f"--only {only!r} matches no target of {recipe}")
     ctx = ctx or Context()
     try:
-        hits = set() if force else set(lookup(ctx, keys))
-        result = BuildResult(plan, hits)
+        hit_records = {} if force else lookup(ctx, keys)
+        result = BuildResult(plan, set(hit_records))
         if dry_run:
             return result
         with ctx.registry.session() as session:
             records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
-        if echo is not None and sys.stdout.isatty():
-            with LiveView(plan, keys) as view:
-                executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
-                                    keep_going=keep_going, report=view.finished,
-                                    started=view.started, local_gpu=found.toolchain.gpu)
-                result.summary = executor.run(keys)
-            return result
-        report = (lambda outcome: echo(_describe(outcome))) if echo else None
-        executor = Executor(plan, ctx, settings, jobs=jobs, force=force,
-                            keep_going=keep_going, report=report, local_gpu=found.toolchain.gpu)
-        result.summary = executor.run(keys)
+        with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
+                           local_gpu=found.toolchain.gpu) as executor:
+            if echo is not None and sys.stdout.isatty():
+                with LiveView(plan, keys) as view:
+                    result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
+                                          keep_going=keep_going, report=view.finished,
+                                          started=view.started)
+            else:
+                report = (lambda outcome: echo(_describe(outcome))) if echo else None
+                result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
+                                      keep_going=keep_going, report=report)
         return result
     finally:
         ctx.close()

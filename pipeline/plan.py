@@ -102,9 +102,16 @@ class Plan:
     toolchain: Toolchain
     targets: list[PlannedTarget]
     stages: dict[str, StageRun]  # by key, in an order where inputs come first
+    _by_id: dict[str, Target] = field(default_factory=dict, repr=False, compare=False)
 
     def is_shared(self, key: str) -> bool:
         return len(self.stages[key].targets) > 1
+
+    def target(self, target_id: str) -> Target:
+        """The target named *target_id* (KeyError when the plan has none)."""
+        if not self._by_id:
+            self._by_id.update((t.target.id, t.target) for t in self.targets)
+        return self._by_id[target_id]
 
     def as_dict(self, built: Callable[[str], bool] = lambda _key: False) -> dict[str, Any]:
         recipe = self.loaded.recipe

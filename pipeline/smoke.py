@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+from pipeline.executors.runner import log_tail
 from pipeline.loadgen import (
     TRANSPORT_ERRORS,
     Check,
@@ -45,7 +46,6 @@ from pipeline.loadgen import (
     run_checks,
 )
 from pipeline.recipe import SmokeSettings
-from pipeline.runner import log_tail
 
 HOST: Final = "127.0.0.1"
 # A smoke server holds nothing worth a long graceful exit: SIGTERM, then after a second

@@ -1,8 +1,8 @@
 """Running one stage: materialised inputs in, a validated output directory and its labels out.
 
-External programs run through `pipeline.runner`; every output is checked against what the
-target asked for before anything is published (a rank missing, a build config that is not
-the target's shape, a quantized config whose `rotary_base` drifted from the model's).
+External programs run through `pipeline.executors.runner`; every output is checked against
+what the target asked for before anything is published (a rank missing, a build config that
+is not the target's shape, a quantized config whose `rotary_base` drifted from the model's).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StageError
+from pipeline.executors.runner import log_tail, run_process
 from pipeline.plan import Plan, PlannedTarget, StageRun
-from pipeline.runner import log_tail, run_process
 from pipeline.settings import Settings
 from pipeline.stages.snapshot import snapshot
 

@@ -1,0 +1,143 @@
+"""The plan's DAG walked in dependency order; each executor only says where a run executes.
+
+For each stage run, in an order where inputs come first:
+
+  hit      the registry maps its key to an artifact that is not deleted or quarantined: reuse
+  skip     an input failed (or the build was stopped): nothing runs
+  submit   its inputs are done and the backend has room: hand it to the backend, which runs
+           it (see `pipeline.executors.stage`) and answers with its Outcome
+
+A failure stops the walk unless `keep_going`; Ctrl-C (any exception here) stops the backend,
+which stops every child it started, before it propagates.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Protocol
+
+from pipeline.executors.outcome import BuildSummary, Outcome
+from pipeline.executors.stage import reused
+from pipeline.plan import Plan, StageRun
+from registry import records
+from registry.context import Context
+
+Reporter = Callable[[Outcome], None]
+Starter = Callable[[StageRun], None]
+
+
+class Backend(Protocol):
+    """Where stage runs execute: this machine's threads, or tasks on a Ray cluster."""
+
+    capacity: int
+    """How many stage runs it takes at once."""
+
+    def submit(self, run: StageRun, digests: Mapping[str, str]) -> Future[Outcome]:
+        """Start *run*, whose inputs' artifacts are *digests* (input key -> digest)."""
+
+    def wind_down(self) -> None:
+        """Start nothing new: runs waiting for another builder's lease give up (a failure
+        without keep-going)."""
+
+    def stop(self) -> None:
+        """Stop every run in flight now (Ctrl-C): their children are stopped, their leases
+        released, and nothing half-done is published."""
+
+
+def selected_keys(plan: Plan, only: str | None) -> set[str]:
+    """The keys the targets matching *only* (a glob over target ids) need."""
+    keys: set[str] = set()
+    for planned in plan.targets:
+        if only is None or fnmatch.fnmatch(planned.target.id, only):
+            keys.update(planned.chain)
+    return keys
+
+
+def walk(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,
+         hits: Mapping[str, records.ArtifactRecord], keep_going: bool = False,
+         report: Reporter | None = None, started: Starter | None = None) -> BuildSummary:
+    """Run the stage runs of *plan* among *keys*, reusing *hits*, on *backend*."""
+    walker = _Walk(plan, ctx, backend, hits=hits, keep_going=keep_going,
+                   report=report or (lambda _outcome: None),
+                   started=started or (lambda _run: None))
+    try:
+        walker.run(keys)
+    except BaseException:
+        backend.stop()
+        raise
+    return walker.summary
+
+
+class _Walk:
+    def __init__(self, plan: Plan, ctx: Context, backend: Backend, *,
+                 hits: Mapping[str, records.ArtifactRecord], keep_going: bool,
+                 report: Reporter, started: Starter) -> None:
+        self.plan, self.ctx, self.backend = plan, ctx, backend
+        self.hits, self.keep_going = hits, keep_going
+        self.report, self.started = report, started
+        self.summary = BuildSummary()
+        self.previous: dict[str, records.StageRunRecord] = {}
+        self.digests: dict[str, str] = {}  # key -> artifact digest, as runs finish
+        self.running: dict[Future[Outcome], str] = {}
+        self.done: set[str] = set()
+        self.blocked: set[str] = set()
+        self.stopping = False
+
+    def finish(self, outcome: Outcome) -> None:
+        self.summary.outcomes.append(outcome)
+        self.report(outcome)
+
+    def run(self, keys: set[str]) -> None:
+        if self.hits:
+            with self.ctx.registry.session(readonly=True) as session:
+                self.previous = records.get_stage_runs(session, set(self.hits))
+        pending = dict.fromkeys(key for key in self.plan.stages if key in keys)
+        while pending or self.running:
+            for key in list(pending):
+                if self.schedule(key):
+                    pending.pop(key)
+            if not self.running:
+                if pending and self.stopping:
+                    for key in pending:
+                        run = self.plan.stages[key]
+                        self.finish(Outcome(run.stage, key, "skipped", run.targets,
+                                            error="stopped"))
+                    pending.clear()
+                continue
+            finished, _ = wait(self.running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                self.collect(self.running.pop(future), future.result())
+
+    def schedule(self, key: str) -> bool:
+        """Settle or start *key* if it can be now; False when it must wait."""
+        run = self.plan.stages[key]
+        if any(i in self.blocked for i in run.inputs):
+            self.blocked.add(key)
+            self.finish(Outcome(run.stage, key, "skipped", run.targets, error="an input failed"))
+            return True
+        if key in self.hits:
+            self.done.add(key)
+            self.digests[key] = self.hits[key].digest
+            self.finish(reused(self.ctx, run, self.hits[key], self.previous.get(key)))
+            return True
+        if self.stopping or len(self.running) >= self.backend.capacity \
+                or not all(i in self.done for i in run.inputs):
+            return False
+        self.started(run)
+        future = self.backend.submit(run, {i: self.digests[i] for i in run.inputs})
+        self.running[future] = key
+        return True
+
+    def collect(self, key: str, outcome: Outcome) -> None:
+        self.finish(outcome)
+        if outcome.status in ("failed", "cancelled"):
+            self.blocked.add(key)
+            if not self.keep_going:
+                self.stopping = True
+                self.backend.wind_down()
+        else:
+            self.done.add(key)
+            if outcome.digest is not None:
+                self.digests[key] = outcome.digest

@@ -1,0 +1,51 @@
+"""What a stage run came to, and the summary of a whole build: the executors' common output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["built", "reused", "failed", "skipped", "waiting", "pending-smoke",
+                 "smoke-failed", "cancelled"]
+
+
+@dataclass
+class Outcome:
+    stage: str
+    key: str
+    status: Status
+    targets: list[str]
+    seconds: float = 0.0
+    digest: str | None = None
+    error: str | None = None
+    saved_seconds: float = 0.0  # for a reuse: how long the original run took
+    node: dict[str, str] | None = None  # where it ran: {"host", "node_id"} (Ray: its node)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "key": self.key, "status": self.status,
+                "targets": self.targets, "seconds": round(self.seconds, 3),
+                "digest": self.digest, "error": self.error,
+                "saved_seconds": round(self.saved_seconds, 3), "node": self.node}
+
+
+@dataclass
+class BuildSummary:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "built": self.count("built"), "reused": self.count("reused"),
+            "failed": self.count("failed"), "skipped": self.count("skipped"),
+            "pending_smoke": self.count("pending-smoke"),
+            "smoke_failed": self.count("smoke-failed"),
+            "cancelled": self.count("cancelled"),
+            "saved_seconds": round(sum(o.saved_seconds for o in self.outcomes), 3),
+            "stages": [o.as_dict() for o in self.outcomes],
+        }

@@ -1,0 +1,249 @@
+"""One stage run on this machine, the same whichever executor placed it here.
+
+    lease    take the key's lease (a row in `stage_runs`); a live lease held by another
+             builder means wait for it and reuse its result; an expired one is taken over
+    run      materialise the inputs (this process's own outputs, else a fetch from the store
+             through the cache), run the stage (external programs through the runner),
+             validate its output
+    publish  blobs, manifest, one registry transaction; release the lease with the run's log
+             (stored as a blob)
+
+A smoke run serves the entry or engine with its real server: `ready` on a pass, `quarantined`
+on a failure, or left `built` with the reason when this machine lacks its GPU or runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Final, Literal
+
+from pipeline.errors import StageError
+from pipeline.executors.outcome import Outcome
+from pipeline.plan import Plan, StageRun
+from pipeline.settings import Settings
+from pipeline.stages.work import StageJob, run_stage
+from registry import records
+from registry.context import Context
+from registry.digest import digest_file
+from registry.fetch import fetch_manifest, load_manifest
+from registry.publish import publish
+
+LEASE_TTL_S: Final = float(os.environ.get("ENGINECTL_LEASE_TTL_S", "120"))
+POLL_S: Final = min(5.0, LEASE_TTL_S / 4)
+
+GpuSlot = Callable[[str | None], AbstractContextManager[None]]
+"""Holds the GPU of a SKU while a stage runs on it (the local executor's lock per SKU)."""
+
+
+def _no_slot(_gpu: str | None) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def lookup(ctx: Context, keys: set[str]) -> dict[str, records.ArtifactRecord]:
+    """The registry's artifacts for *keys*: one query, the only question a plan asks."""
+    with ctx.registry.session(readonly=True) as session:
+        return records.find_by_keys(session, keys)
+
+
+def reused(ctx: Context, run: StageRun, record: records.ArtifactRecord,
+           previous: records.StageRunRecord | None = None) -> Outcome:
+    """The outcome of reusing *record* for *run*, with the time its original run took."""
+    if previous is None:
+        with ctx.registry.session(readonly=True) as session:
+            previous = records.get_stage_run(session, run.key)
+    saved = 0.0
+    if previous is not None and previous.finished_at is not None:
+        saved = (previous.finished_at - previous.started_at).total_seconds()
+    return Outcome(run.stage, run.key, "reused", run.targets, digest=record.digest,
+                   saved_seconds=saved)
+
+
+class StageWorker:
+    """Runs stage runs of *plan* on this machine. Thread-safe: the local executor shares one
+    between its threads; a Ray task makes its own."""
+
+    def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
+                 force: bool = False, local_gpu: str | None = None,
+                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot) -> None:
+        self.plan, self.ctx, self.settings = plan, ctx, settings
+        self.owner, self.force, self.local_gpu = owner, force, local_gpu
+        self.stop = stop or threading.Event()
+        self.gpu_slot = gpu_slot
+        self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
+        self._outputs_lock = threading.Lock()
+
+    def run(self, run: StageRun, digests: Mapping[str, str]) -> Outcome:
+        """Run *run* whose inputs' artifacts are *digests* (input key -> digest)."""
+        started = time.monotonic()
+        if run.stage == "smoke":
+            return self._smoke(run, digests, started)
+        try:
+            digest, built = self._leased(run, digests)
+        except StageError as exc:
+            return Outcome(run.stage, run.key, "failed", run.targets,
+                           seconds=time.monotonic() - started, error=str(exc))
+        if not built:  # another builder made it while we waited for its lease
+            with self.ctx.registry.session(readonly=True) as session:
+                record = records.get_artifact(session, digest)
+            assert record is not None  # noqa: S101 - the lookup just found it
+            return reused(self.ctx, run, record)
+        return Outcome(run.stage, run.key, "built", run.targets, digest=digest,
+                       seconds=time.monotonic() - started)
+
+    def _smoke(self, run: StageRun, digests: Mapping[str, str], started: float) -> Outcome:
+        from pipeline.stages.smoke import run_smoke, unavailable
+
+        entry = digests[run.inputs[0]]
+        with self.ctx.registry.session(readonly=True) as session:
+            record = records.get_artifact(session, entry)
+            previous = records.get_stage_run(session, run.key)
+        if record is not None and record.status == "ready" and previous is not None \
+                and previous.status == "succeeded" and not self.force:
+            return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
+        reason = unavailable(run, self.settings, self.local_gpu)
+        if reason is not None:
+            why = f"awaits smoke: {reason}"
+            if record is not None and record.status == "built" and record.status_reason != why:
+                with self.ctx.registry.session() as session:  # shown by ls and show
+                    records.set_status(session, entry, "built", why)
+            return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
+                           error=f"stays built: {reason}; run `enginectl smoke {entry}` "
+                                 f"on a {run.gpu} node")
+        target = self.plan.target(run.targets[0])
+        recipe = self.plan.loaded.recipe
+        argv = run.make_argv(lambda key: self._input_dir(key, digests), run.workdir / "out")
+        if argv is None:
+            raise StageError(run.stage, run.key, "no server argv")
+        with self.ctx.registry.session() as session:  # records who smoked it, and when
+            records.try_acquire_lease(session, run.key, owner=self.owner,
+                                      host=socket.gethostname(), pid=os.getpid(), ttl_s=3600)
+        report = run_smoke(
+            argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
+            max_input_len=target.shape.max_input_len,
+            price_per_hour=recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
+            log_path=self._log(run), cpu=target.gpu.is_cpu,
+            reference=[(r.prompt, r.output) for r in recipe.smoke.reference] or None,
+            threshold=None if target.quant in ("bf16", "fp16")
+            else recipe.smoke.reference_agreement,
+        )
+        with self.ctx.registry.session() as session:
+            records.add_smoke_report(session, entry, report.passed, report.as_dict())
+            records.set_status(session, entry, "ready" if report.passed else "quarantined",
+                               None if report.passed else f"smoke failed: {report.failure}")
+        self._release(run, "succeeded" if report.passed else "failed", entry,
+                      error=report.failure)
+        seconds = time.monotonic() - started
+        if report.passed:
+            return Outcome(run.stage, run.key, "built", run.targets, seconds=seconds,
+                           digest=entry)
+        return Outcome(run.stage, run.key, "smoke-failed", run.targets, seconds=seconds,
+                       digest=entry, error=f"{entry} quarantined: {report.failure}")
+
+    def _leased(self, run: StageRun, digests: Mapping[str, str]) -> tuple[str, bool]:
+        """Run *run* under its lease, or wait for the builder holding it and reuse its
+        artifact: (digest, whether this builder built it)."""
+        host = socket.gethostname()
+        while True:
+            with self.ctx.registry.session() as session:
+                got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
+                                                pid=os.getpid(), ttl_s=LEASE_TTL_S)
+            if got:
+                break
+            found = lookup(self.ctx, {run.key}).get(run.key)
+            if found is not None:
+                return found.digest, False
+            if self.stop.is_set():
+                raise StageError(run.stage, run.key, "stopped while waiting for another builder")
+            self.stop.wait(POLL_S)  # another builder holds the lease: poll until it finishes
+        found = None if self.force else lookup(self.ctx, {run.key}).get(run.key)
+        if found is not None:  # it finished between our lookup and the lease
+            self._release(run, "succeeded", found.digest)
+            return found.digest, False
+        renewer = _Renewer(self.ctx, run.key, self.owner)
+        try:
+            digest = self._build(run, digests)
+        except BaseException as exc:
+            renewer.stop()
+            self._release(run, "failed", None, error=str(exc)[:2000])
+            raise
+        renewer.stop()
+        self._release(run, "succeeded", digest)
+        return digest, True
+
+    def _release(self, run: StageRun, status: Literal["succeeded", "failed"],
+                 digest: str | None, error: str | None = None) -> None:
+        with self.ctx.registry.session() as session:
+            records.release_lease(session, run.key, owner=self.owner, status=status,
+                                  artifact_digest=digest, error=error,
+                                  log_location=self._publish_log(run))
+
+    def _publish_log(self, run: StageRun) -> str | None:
+        """Store the run's log as a blob; its digest is where `enginectl show` points."""
+        log = self._log(run)
+        if not log.is_file():
+            return None
+        digest = digest_file(log, with_sha256=False).xxh3
+        self.ctx.store.put_blob(digest, log)
+        return str(digest)
+
+    def _log(self, run: StageRun) -> Path:
+        return run.workdir / f"{run.stage}.log"
+
+    def _input_dir(self, key: str, digests: Mapping[str, str]) -> Path:
+        """A local directory with the files of input *key*: this process's output, or a
+        fetch from the store (through the cache, so it is free the second time)."""
+        with self._outputs_lock:
+            if key in self.outputs:
+                return self.outputs[key]
+        digest = digests[key]
+        target = self.settings.work_dir / "inputs" / digest.removeprefix("sha256:")[:16]
+        if not target.is_dir():
+            fetch_manifest(self.ctx.store, load_manifest(self.ctx, digest), target,
+                           cache=self.ctx.cache)
+        with self._outputs_lock:
+            self.outputs[key] = target
+        return target
+
+    def _build(self, run: StageRun, digests: Mapping[str, str]) -> str:
+        with self.gpu_slot(run.gpu):
+            job = StageJob(
+                plan=self.plan, run=run, settings=self.settings,
+                inputs={key: self._input_dir(key, digests) for key in run.inputs},
+                input_digests=tuple(digests[key] for key in run.inputs),
+                log_path=self._log(run),
+            )
+            result = run_stage(job)
+        published = publish(
+            self.ctx, result.directory, kind=run.kind, labels=result.labels,
+            status="built", key=run.key, toolchain=run.toolchain,
+            inputs=job.input_digests, serve=result.serve,
+            recipe_digest=self.plan.loaded.digest,
+        )
+        with self._outputs_lock:
+            self.outputs[run.key] = result.directory
+        return published.digest
+
+
+class _Renewer:
+    """Keeps a lease alive while its stage runs (a thread renewing at a third of the TTL)."""
+
+    def __init__(self, ctx: Context, key: str, owner: str) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(ctx, key, owner), daemon=True)
+        self._thread.start()
+
+    def _loop(self, ctx: Context, key: str, owner: str) -> None:
+        while not self._done.wait(LEASE_TTL_S / 3):
+            with ctx.registry.session() as session:
+                records.renew_lease(session, key, owner=owner, ttl_s=LEASE_TTL_S)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
