@@ -1,12 +1,14 @@
 """build: a recipe's stage chain, run for real on this machine (the `enginectl build` verb).
 
 Keys are computed with this machine's toolchain (probed), so what a builder publishes is
-keyed by what it was really built with.
+keyed by what it was really built with. The probe is recorded (pool `host:<name>`), which is
+what `enginectl plan` keys with afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -24,7 +26,7 @@ from pipeline.plan import Plan, StageRun, plan_recipe
 from pipeline.recipe import load_recipe
 from pipeline.report import plan_lines
 from pipeline.settings import Settings
-from pipeline.toolchain import for_build, probe
+from pipeline.toolchain import for_build, local_pool, probe
 from registry import records
 from registry.context import Context
 from registry.errors import UsageError
@@ -75,6 +77,9 @@ def build_recipe(
             return result
         with ctx.registry.session() as session:
             records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
+            # what `plan` keys with next time, and what a nightly compares with
+            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                     found.toolchain.as_dict(), socket.gethostname())
         with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
                            local_gpu=found.toolchain.gpu) as executor:
             if echo is not None and sys.stdout.isatty():

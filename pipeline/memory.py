@@ -109,3 +109,18 @@ def memory_fit(
         capacity_bytes=capacity,
         max_batch_size=max(0, room // per_sequence) if per_sequence else 0,
     )
+
+
+def calibration_gpus(arch: Architecture, dtype: ModelDtype, gpu: GpuSpec) -> int:
+    """How many of *gpu*'s GPUs quantization needs on one node: enough to hold the model at
+    its own dtype (modelopt calibrates the unquantized model, spread with device_map="auto"),
+    with the same margin as a target; a power of two, 0 on the CPU."""
+    if gpu.is_cpu:
+        return 0
+    capacity = gpu.memory_mib * (1 << 20)
+    room = capacity - int(capacity * MARGIN_FRACTION) - MARGIN_FIXED_BYTES
+    needed = weights_per_rank(arch, dtype, "bf16", 1)
+    count = 1
+    while count * room < needed and count < 64:
+        count *= 2
+    return count

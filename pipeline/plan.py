@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.keys import short_key, stage_key
-from pipeline.memory import Fit
+from pipeline.memory import Fit, calibration_gpus
 from pipeline.recipe import LoadedRecipe, Recipe, TrtllmServe, VllmServe
 from pipeline.settings import Settings
 from pipeline.stages.build import build_argv, build_flags
@@ -22,7 +22,7 @@ from pipeline.stages.convert import convert_argv
 from pipeline.stages.quantize import Export, needs_quantize, quantize_argv
 from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
 from pipeline.targets import Target, plan_targets
-from pipeline.toolchain import BUILDER_IMAGE, Toolchain, key_toolchain
+from pipeline.toolchain import BUILDER_IMAGE, PoolToolchains, Toolchain, key_toolchain
 from registry.canonical import floats_as_strings
 
 # What each stage run produces (DESIGN §1 profile kinds and intermediates).
@@ -56,7 +56,8 @@ class StageRun:
     workdir: Path
     make_argv: ArgvBuilder = field(default=_no_argv, repr=False)
     argv: list[str] | None = None  # make_argv with the plan's work directories, for display
-    gpu: str | None = None  # the GPU SKU this run must execute on, if any
+    gpu: str | None = None  # the GPU SKU this run must execute on, if any ("CPU": the CPU)
+    gpus: int = 0  # how many of that SKU's GPUs it needs on one node
     targets: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class StageRun:
             "params": self.params,
             "toolchain": self.toolchain,
             "gpu": self.gpu,
+            "gpus": self.gpus,
             "workdir": str(self.workdir),
             "argv": self.argv,
             "targets": self.targets,
@@ -99,10 +101,15 @@ class PlannedTarget:
 @dataclass
 class Plan:
     loaded: LoadedRecipe
-    toolchain: Toolchain
+    toolchains: PoolToolchains  # what each target's stages are keyed with, pins applied
     targets: list[PlannedTarget]
     stages: dict[str, StageRun]  # by key, in an order where inputs come first
     _by_id: dict[str, Target] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def toolchain(self) -> Toolchain:
+        """The fingerprint of every target without a pool of its own (a local build's)."""
+        return self.toolchains.default
 
     def is_shared(self, key: str) -> bool:
         return len(self.stages[key].targets) > 1
@@ -124,6 +131,8 @@ class Plan:
                 "source": recipe.model.source,
                 "revision": self.loaded.revision,
                 "toolchain": self.toolchain.as_dict(),
+                "pools": {sku: tc.as_dict()
+                          for sku, tc in sorted(self.toolchains.by_gpu.items())},
             },
             "targets": [t.as_dict() for t in self.targets],
             "stages": [
@@ -136,11 +145,12 @@ class Plan:
 
 
 class _Planner:
-    def __init__(self, loaded: LoadedRecipe, settings: Settings, toolchain: Toolchain) -> None:
+    def __init__(self, loaded: LoadedRecipe, settings: Settings,
+                 toolchains: PoolToolchains) -> None:
         self.loaded = loaded
         self.recipe: Recipe = loaded.recipe
         self.settings = settings
-        self.toolchain = toolchain
+        self.toolchains = toolchains
         self.rebuild_on = tuple(self.recipe.toolchain.rebuild_on)
         self.stages: dict[str, StageRun] = {}
 
@@ -156,6 +166,7 @@ class _Planner:
         toolchain_stage: str,
         argv: ArgvBuilder,
         gpu: str | None = None,
+        gpus: int = 0,
     ) -> str:
         params = floats_as_strings(dict(params))
         fingerprint = key_toolchain(toolchain, toolchain_stage, self.rebuild_on)
@@ -164,7 +175,7 @@ class _Planner:
         if run is None:
             workdir = self.settings.work_dir / f"{stage}-{short_key(key)}"
             run = StageRun(stage, key, kind, dict(params), sorted(inputs), fingerprint, workdir,
-                           argv, argv(self.dir_of, workdir / "out"), gpu)
+                           argv, argv(self.dir_of, workdir / "out"), gpu, gpus)
             self.stages[key] = run
         if target.id not in run.targets:
             run.targets.append(target.id)
@@ -182,7 +193,7 @@ class _Planner:
             params = {"source": model.source, "revision": self.loaded.revision}
         return self.add(
             target, "snapshot", kind=KIND_HF, params=params, inputs=[],
-            toolchain=self.toolchain, toolchain_stage="snapshot", argv=_no_argv,
+            toolchain=self.toolchains.default, toolchain_stage="snapshot", argv=_no_argv,
         )
 
     def quantize(self, target: Target, source: str, export: Export) -> str:
@@ -209,7 +220,9 @@ class _Planner:
             params |= {"tp": target.tp, "pp": target.pp}
         return self.add(
             target, "quantize", kind=KIND_QUANTIZED, params=params, inputs=[source],
-            toolchain=self.toolchain, toolchain_stage="quantize",
+            toolchain=self.toolchains.for_gpu(target.gpu.sku), toolchain_stage="quantize",
+            gpu=target.gpu.sku,
+            gpus=calibration_gpus(self.loaded.architecture, recipe.model.dtype, target.gpu),
             argv=lambda dirs, out: quantize_argv(
                 self.settings.python,
                 model_dir=dirs(source),
@@ -232,7 +245,7 @@ class _Planner:
         params = {"dtype": dtype, "tp": target.tp, "pp": target.pp, "family": family}
         return self.add(
             target, "convert", kind=KIND_CONVERTED, params=params, inputs=[source],
-            toolchain=self.toolchain, toolchain_stage="convert",
+            toolchain=self.toolchains.for_gpu(target.gpu.sku), toolchain_stage="convert",
             argv=lambda dirs, out: convert_argv(
                 self.settings.python,
                 self.settings.trtllm_examples,
@@ -248,7 +261,8 @@ class _Planner:
 
     def chain(self, target: Target) -> list[str]:
         recipe = self.recipe
-        on_gpu = self.toolchain.on(target.gpu)
+        on_gpu = self.toolchains.for_gpu(target.gpu.sku).on(target.gpu)
+        ranks = target.tp * target.pp
         keys = [self.snapshot(target)]
         wants_quantize = needs_quantize(target.quant, target.kv_cache_dtype)
         serve_args: dict[str, Any]
@@ -267,7 +281,7 @@ class _Planner:
                     checkpoint_dir=dirs(checkpoint), output_dir=out, flags=flags,
                     workers=recipe.build.workers,
                 ),
-                gpu=target.gpu.sku,
+                gpu=target.gpu.sku, gpus=ranks,
             )
             serve = recipe.serve.trtllm or TrtllmServe()
             serve_args = serve.model_dump()
@@ -328,7 +342,7 @@ class _Planner:
             self.add(
                 target, "smoke", kind=KIND_SMOKE, params=smoke_params, inputs=[entry],
                 toolchain=on_gpu, toolchain_stage=f"smoke:{target.runtime}",
-                argv=smoke_argv, gpu=target.gpu.sku,
+                argv=smoke_argv, gpu=target.gpu.sku, gpus=0 if target.gpu.is_cpu else ranks,
             )
         )
         return keys
@@ -346,19 +360,24 @@ class _Planner:
         }
         return self.add(
             target, "build", kind=ENTRY_KINDS[target.runtime], params=params, inputs=[checkpoint],
-            toolchain=self.toolchain, toolchain_stage=f"build:{target.runtime}",
+            toolchain=self.toolchains.for_gpu(target.gpu.sku),
+            toolchain_stage=f"build:{target.runtime}",
             argv=_no_argv,
         )
 
 
 def plan_recipe(
-    loaded: LoadedRecipe, settings: Settings, toolchain: Toolchain | None = None
+    loaded: LoadedRecipe, settings: Settings,
+    toolchain: Toolchain | PoolToolchains | None = None,
 ) -> Plan:
     """Expand, check and key every target of *loaded*; raise PlanError on the first that
-    cannot work."""
-    base = (toolchain or BUILDER_IMAGE).pinned(loaded.recipe.toolchain)
-    planner = _Planner(loaded, settings, base)
+    cannot work. *toolchain* is one fingerprint for every target (a local build's), or one
+    per GPU pool; the builder image's versions when None. The recipe's pins go on top."""
+    if not isinstance(toolchain, PoolToolchains):
+        toolchain = PoolToolchains(toolchain or BUILDER_IMAGE)
+    pools = toolchain.pinned(loaded.recipe.toolchain)
+    planner = _Planner(loaded, settings, pools)
     planned = [
         PlannedTarget(target, fit, planner.chain(target)) for target, fit in plan_targets(loaded)
     ]
-    return Plan(loaded, base, planned, planner.stages)
+    return Plan(loaded, pools, planned, planner.stages)

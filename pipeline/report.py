@@ -15,7 +15,8 @@ from pipeline.plan import Plan
 STAGE_ORDER = ("snapshot", "quantize", "convert", "build", "smoke")
 
 
-def plan_lines(plan: Plan, built: frozenset[str] = frozenset()) -> list[str]:
+def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
+               toolchain_source: str | None = None) -> list[str]:
     """One block per target: its memory fit, then each stage with its short key and whether
     it is new, shared with other targets, or already built."""
     recipe = plan.loaded.recipe
@@ -51,13 +52,9 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset()) -> list[str]:
     lines += [
         "",
         f"{len(plan.targets)} targets, {len(plan.stages)} stage runs ({parts}).",
-        f"toolchain: {toolchain}",
+        f"toolchain: {toolchain}" + (f" ({toolchain_source})" if toolchain_source else ""),
     ]
     return lines
-
-
-def print_plan(plan: Plan) -> None:
-    click.echo("\n".join(plan_lines(plan)))
 
 
 def _size(nbytes: int) -> str:

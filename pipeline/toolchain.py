@@ -1,13 +1,18 @@
-"""Toolchain fingerprints, and which parts of one each stage's key depends on.
+"""Toolchain fingerprints, which parts of one each stage's key depends on, and which
+fingerprint each target's stages are keyed with.
 
-At plan time the fingerprint of a GPU pool comes from the recipe's `toolchain` pins over the
-builder image's own versions (`BUILDER_IMAGE`); a nightly probe replaces the defaults with
-what the pool really runs. `rebuild_on` is the policy: which fields force a rebuild.
+A **pool** is where stage runs execute: this machine for the local executor (pool
+`host:<hostname>`), or the nodes of a Ray cluster that offer one GPU SKU (pool = the SKU).
+A build keys every stage with the fingerprint probed on the pool that runs it; `plan` uses
+the fingerprint last recorded for that pool (the `toolchains` table), or the builder image's
+versions (`BUILDER_IMAGE`) with a note when none is recorded. The recipe's `toolchain` pins go
+on top; `rebuild_on` is the policy: which fields force a rebuild.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
 from pipeline.recipe import TOOLCHAIN_FIELDS, ToolchainPins
@@ -41,6 +46,32 @@ class Toolchain:
 
 
 FIELDS: Final = tuple(f.name for f in fields(Toolchain))
+
+
+def from_dict(values: Mapping[str, Any]) -> Toolchain:
+    """A Toolchain from `as_dict()`'s output (unknown names are ignored)."""
+    return Toolchain(**{name: values.get(name) for name in FIELDS})
+
+
+@dataclass(frozen=True)
+class PoolToolchains:
+    """The fingerprint each target's stages are keyed with, by the GPU SKU of the target:
+    the pool that runs a target's GPU stages has its own fingerprint (*by_gpu*); every other
+    target, and a local build, uses *default*."""
+
+    default: Toolchain
+    by_gpu: Mapping[str, Toolchain] = field(default_factory=dict)
+
+    def for_gpu(self, sku: str) -> Toolchain:
+        return self.by_gpu.get(sku, self.default)
+
+    def pinned(self, pins: ToolchainPins) -> PoolToolchains:
+        return PoolToolchains(self.default.pinned(pins),
+                              {sku: tc.pinned(pins) for sku, tc in self.by_gpu.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"default": self.default.as_dict(),
+                "pools": {sku: tc.as_dict() for sku, tc in sorted(self.by_gpu.items())}}
 
 # What the TensorRT-LLM 1.2.1 release image ships (see Dockerfile.builder). The driver is the
 # host's, so it stays unknown until a pool is probed or the recipe pins it.
@@ -175,6 +206,24 @@ def probe(python: str, image: str | None = None) -> Probe:
         Toolchain(gpu=gpu, sm=sm, driver=driver, cuda=cuda, image=image, **versions),
         name, count, note,
     )
+
+
+def local_pool() -> str:
+    """The pool name of this machine, for the local executor."""
+    import socket
+
+    return f"host:{socket.gethostname()}"
+
+
+def for_plan(recorded: Toolchain, pins: ToolchainPins) -> tuple[Toolchain, str | None]:
+    """What `plan` keys with when *recorded* is a pool's last probe: what `for_build` would
+    give there, and a note instead of the error a build would raise for a contradicted pin."""
+    try:
+        return for_build(recorded, pins), None
+    except UsageError as exc:
+        found: dict[str, Any] = {k: v for k, v in recorded.as_dict().items()
+                                 if v is not None and k not in ("gpu", "sm")}
+        return replace(BUILDER_IMAGE, **found).pinned(pins), f"a build there would refuse: {exc}"
 
 
 def for_build(probed: Toolchain, pins: ToolchainPins) -> Toolchain:

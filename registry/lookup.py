@@ -5,7 +5,8 @@ costs ~0.35 s here: more than a whole cache-hit fetch of 2 GiB, and half of a `f
 fetch's budget next to `cp -r`. The three reads a fetch needs (an alias, the digests with a
 prefix, an artifact's status) are plain SELECTs on two tables whose columns have not changed
 since the first schema, so they run here without SQLAlchemy, under the same rules as
-`registry.refs` (which this shares).
+`registry.refs` (which this shares). `plan` reads the same way which of its keys are built
+and the toolchain last probed on a pool (`built_keys`, `last_toolchain`).
 
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
 or has no tables yet, is a registry with no artifacts.
@@ -13,6 +14,7 @@ or has no tables yet, is a registry with no artifacts.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
@@ -41,6 +43,29 @@ def lookup(url: str, ref: str) -> Found:
         return Found(digest, reader.status(digest))
 
 
+@dataclass(frozen=True)
+class Probed:
+    """A pool's last recorded toolchain probe."""
+
+    fingerprint: dict[str, Any]
+    host: str
+    probed_at: str
+
+
+def built_keys(url: str, keys: set[str]) -> set[str]:
+    """Which of *keys* are done in the registry at *url*: mapped to a reusable artifact (not
+    deleted or quarantined, as `records.find_by_keys` decides), or, for a smoke run, which
+    makes no artifact of its own, passed on an artifact that is ready."""
+    with _reader(url) as reader:
+        return reader.built_keys(keys)
+
+
+def last_toolchain(url: str, pool: str) -> Probed | None:
+    """The newest toolchain recorded for *pool* in the registry at *url*, if any."""
+    with _reader(url) as reader:
+        return reader.last_toolchain(pool)
+
+
 class _Reader:
     """Three SELECTs over a DB-API connection; *connection* is None for a registry with no
     tables yet (nothing is registered)."""
@@ -49,15 +74,52 @@ class _Reader:
         self._connection = connection
         self._placeholder = placeholder
 
-    def _rows(self, sql: str, value: str) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, *values: str) -> list[tuple[Any, ...]]:
         if self._connection is None:
             return []
         cursor = self._connection.cursor()
         try:
-            cursor.execute(sql.replace("?", self._placeholder), (value,))
+            cursor.execute(sql.replace("?", self._placeholder), values)
             return list(cursor.fetchall())
         finally:
             cursor.close()
+
+    def built_keys(self, keys: set[str]) -> set[str]:
+        # Only "?" placeholders are formatted into these statements, never a value.
+        artifacts = ("SELECT DISTINCT key FROM artifacts WHERE key IN ({marks}) "
+                     "AND status NOT IN ('deleted', 'quarantined')")
+        # a smoke run makes no artifact: it is done when it passed and its artifact is ready
+        smoked = ("SELECT s.key FROM stage_runs s JOIN artifacts a ON a.digest = "
+                  "s.artifact_digest WHERE s.key IN ({marks}) AND s.status = 'succeeded' "
+                  "AND a.status = 'ready'")
+        found: set[str] = set()
+        ordered = sorted(keys)
+        for first in range(0, len(ordered), 500):  # bound the parameters of one statement
+            chunk = ordered[first:first + 500]
+            marks = ", ".join("?" * len(chunk))
+            for sql in (artifacts, smoked):
+                found.update(row[0] for row in self._rows(sql.format(marks=marks), *chunk))
+        return found
+
+    def last_toolchain(self, pool: str) -> Probed | None:
+        if self._connection is None or not self._has_table("toolchains"):
+            return None
+        rows = self._rows("SELECT fingerprint, host, probed_at FROM toolchains WHERE pool = ? "
+                          "ORDER BY probed_at DESC, id DESC LIMIT 1", pool)
+        if not rows:
+            return None
+        fingerprint, host, probed_at = rows[0]
+        if isinstance(fingerprint, str | bytes):  # SQLite keeps JSON as text
+            fingerprint = json.loads(fingerprint)
+        return Probed(dict(fingerprint), host, str(probed_at))
+
+    def _has_table(self, name: str) -> bool:
+        if self._placeholder == "?":
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?"
+        else:
+            sql = "SELECT to_regclass(?)::text"
+        rows = self._rows(sql, name)
+        return bool(rows and rows[0][0])
 
     def find_by_prefix(self, hex_prefix: str) -> list[str]:
         # hex_prefix is hex digits only (refs checked it), so LIKE needs no escaping

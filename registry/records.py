@@ -33,6 +33,7 @@ from registry.models import (
 )
 from registry.models import AliasEvent as AliasEventRow
 from registry.models import SmokeReport as SmokeReportRow
+from registry.models import Toolchain as ToolchainRow
 
 ArtifactKind = Literal[
     "trtllm-engine", "trtllm-checkpoint", "vllm", "hf-checkpoint", "quantized-checkpoint",
@@ -492,3 +493,33 @@ def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
 def get_recipe_text(session: Session, digest: str) -> str | None:
     """The text of the recipe stored under *digest*, if any."""
     return session.scalar(select(Recipe.text).where(Recipe.digest == digest))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolchainProbe:
+    """A toolchain fingerprint probed on one pool (`host:<name>` for a machine, a GPU SKU
+    for a Ray pool) at one time, on one host."""
+
+    pool: str
+    gpu: str
+    fingerprint: dict[str, Any]
+    host: str
+    probed_at: datetime
+
+
+def record_toolchain(session: Session, pool: str, gpu: str | None,
+                     fingerprint: dict[str, Any], host: str) -> None:
+    """Record a probe of *pool* (*gpu* None: no GPU, recorded as "CPU")."""
+    session.execute(insert(ToolchainRow).values(
+        pool=pool, gpu=gpu or "CPU", fingerprint=fingerprint, host=host, probed_at=utcnow()))
+
+
+def toolchain_history(session: Session, pool: str, limit: int = 2) -> list[ToolchainProbe]:
+    """The last *limit* probes of *pool*, newest first."""
+    query = (
+        select(ToolchainRow.pool, ToolchainRow.gpu, ToolchainRow.fingerprint, ToolchainRow.host,
+               ToolchainRow.probed_at)
+        .where(ToolchainRow.pool == pool)
+        .order_by(ToolchainRow.probed_at.desc(), ToolchainRow.id.desc()).limit(limit)
+    )
+    return [ToolchainProbe(*row) for row in session.execute(query)]

@@ -15,23 +15,34 @@ from pipeline.cli.base import context, echo_json, handle_errors, main
 @click.option("--commands", is_flag=True, help="Print the argv of every program it would run.")
 @handle_errors
 def plan(recipe: Path, as_json: bool, commands: bool) -> None:
-    """Show what RECIPE would build, what it shares, and what fits; touches no GPU."""
-    from pipeline.plan import plan_recipe
+    """Show what RECIPE would build, what it shares, and what fits; touches no GPU.
+
+    Keys use the toolchain this machine's last build recorded (the builder image's versions
+    when none is recorded), so "built" and "new" say what a build here would do."""
+    from pipeline.preview import preview
     from pipeline.recipe import load_recipe
     from pipeline.settings import Settings
+    from registry.config import RegistryConfig
 
-    the_plan = plan_recipe(load_recipe(recipe), Settings.from_env())
+    shown = preview(load_recipe(recipe), Settings.from_env(),
+                    registry_url=RegistryConfig.from_env().registry_url)
+    the_plan = shown.plan
+    for note in shown.notes:
+        click.echo(f"enginectl: note: {note}", err=True)
     if as_json:
-        echo_json(the_plan.as_dict())
+        data = the_plan.as_dict(built=lambda key: key in shown.built)
+        data["recipe"]["toolchain_source"] = shown.toolchain_source
+        echo_json(data)
     elif commands:
         import shlex
 
         for argv in the_plan.commands():
             click.echo(shlex.join(argv))
     else:
-        from pipeline.report import print_plan
+        from pipeline.report import plan_lines
 
-        print_plan(the_plan)
+        click.echo("\n".join(plan_lines(the_plan, built=frozenset(shown.built),
+                                           toolchain_source=shown.toolchain_source)))
 
 
 @main.command()

@@ -144,6 +144,31 @@ def test_only_and_dry_run(env: dict[str, str], tmp_path: Path) -> None:
     assert "matches no target" in done.stderr
 
 
+def test_plan_keys_as_the_last_build_on_this_machine_did(env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """`plan` uses the toolchain `build` probed and recorded here, not the builder image's:
+    the image digest this machine reports changes the engine and smoke keys."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_IMAGE_DIGEST": "sha256:" + "ab" * 32}
+    before = subprocess.run([ENGINECTL, "plan", str(recipe), "--json"], env=env, text=True,
+                            capture_output=True, check=True)
+    assert "no toolchain is recorded" in before.stderr
+    built = json.loads(build(env, recipe, "--json").stdout)
+    after = subprocess.run([ENGINECTL, "plan", str(recipe), "--json"], env=env, text=True,
+                           capture_output=True, check=True)
+    assert after.stderr == ""
+    planned = {s["key"]: s for s in json.loads(after.stdout)["stages"]}
+    assert set(planned) == {s["key"] for s in built["stages"]}
+    for stage in built["stages"]:  # what the build did is what the plan says is done
+        assert planned[stage["key"]]["built"] == (stage["status"] == "built"), stage
+    engines = [s for s in planned.values() if s["kind"] == "trtllm-engine"]
+    assert {s["toolchain"]["image"] for s in engines} == {"sha256:" + "ab" * 32}
+    text = subprocess.run([ENGINECTL, "plan", str(recipe)], env=env, text=True,
+                          capture_output=True, check=True).stdout
+    assert "new" not in {line.split()[-1] for line in text.splitlines()
+                         if line.startswith("  build")}
+
+
 def test_two_builders_run_every_key_once(env: dict[str, str], tmp_path: Path,
                                          registry_url: str) -> None:
     recipe = write_recipe(tmp_path)
