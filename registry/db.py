@@ -50,7 +50,7 @@ _PG_LOCK_ID: Final = 0x656E67696E6563  # "enginec": one advisory lock id for mig
 
 SchemaState = Literal["empty", "current", "behind", "newer"]
 
-HEAD: Final = "0002"
+HEAD: Final = "0003"
 """The newest migration in migrations/versions. Alembic (a slow import) is only loaded when
 a database is not at HEAD; tests check this constant against Alembic's own head."""
 

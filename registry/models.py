@@ -36,7 +36,7 @@ from registry.manifest import KINDS
 
 ARTIFACT_KINDS: Final = tuple(KINDS)
 ARTIFACT_STATUSES: Final = ("building", "built", "ready", "quarantined", "superseded", "deleted")
-RUN_STATUSES: Final = ("running", "succeeded", "failed")
+RUN_STATUSES: Final = ("running", "succeeded", "failed", "cancelled")
 
 NAMING_CONVENTION: Final = {
     "ix": "ix_%(column_0_label)s",
@@ -155,6 +155,8 @@ class StageRun(Base):
     artifact_digest: Mapped[str | None] = mapped_column(String(80))
     log_location: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    node_id: Mapped[str | None] = mapped_column(String(100))
+    """The Ray node that ran it (None on the local executor); `host` is its hostname."""
 
 
 class SmokeReport(Base):
@@ -167,6 +169,26 @@ class SmokeReport(Base):
     passed: Mapped[bool] = mapped_column(Boolean)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    gpu: Mapped[str | None] = mapped_column(String(80))
+    """Where it was measured: a catalog SKU or "CPU"; None for reports from before 0003."""
+    toolchain: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The fingerprint it ran with (None: unknown)."""
+    key: Mapped[str | None] = mapped_column(String(80))
+    """The smoke stage key that produced it (None for `enginectl smoke` and old reports)."""
+
+
+class ArtifactEvidence(Base):
+    """Per artifact and GPU SKU, the best passing smoke throughput measured there (kept by
+    `records.add_smoke_report`), so that resolve ranks by the node's own SKU in one join."""
+
+    __tablename__ = "artifact_evidence"
+
+    artifact_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("artifacts.id", ondelete="CASCADE"), primary_key=True
+    )
+    gpu: Mapped[str] = mapped_column(String(80), primary_key=True)
+    best_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    passed_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class Alias(Base):
@@ -188,6 +210,8 @@ class AliasEvent(Base):
     previous_digest: Mapped[str | None] = mapped_column(String(80))
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     note: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """What a promotion compared (old and new throughput per concurrency level), if any."""
 
 
 class Toolchain(Base):
@@ -201,6 +225,7 @@ class Toolchain(Base):
     fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON)
     host: Mapped[str] = mapped_column(String(255))
     probed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    node_id: Mapped[str | None] = mapped_column(String(100))
 
 
 class Recipe(Base):
@@ -210,3 +235,34 @@ class Recipe(Base):
     name: Mapped[str] = mapped_column(String(255))
     text: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    path: Mapped[str | None] = mapped_column(Text)
+    """Where the recipe was read (its local sources are relative to it)."""
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class PendingPublish(Base):
+    """A publish in progress and the blobs it relies on: gc keeps them until it ends or
+    `expires_at` passes (a publisher killed mid-way)."""
+
+    __tablename__ = "pending_publishes"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    blobs: Mapped[list[str]] = mapped_column(JSON)
+
+
+class NightlyRun(Base):
+    """One `enginectl nightly`: who ran it, how it ended, and its report."""
+
+    __tablename__ = "nightly_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100))
+    host: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    status: Mapped[str] = mapped_column(String(20))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)

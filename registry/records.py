@@ -40,7 +40,7 @@ ArtifactKind = Literal[
     "converted-checkpoint",
 ]
 ArtifactStatus = Literal["building", "built", "ready", "quarantined", "superseded", "deleted"]
-RunStatus = Literal["running", "succeeded", "failed"]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +114,7 @@ class StageRunRecord:
     artifact_digest: str | None
     log_location: str | None
     error: str | None
+    node_id: str | None = None
 
 
 _ARTIFACT_COLUMNS = tuple(f.name for f in fields(ArtifactRecord) if f.name != "files")

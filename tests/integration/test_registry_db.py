@@ -378,3 +378,37 @@ def test_migrating_from_0001_backfills_the_best_throughput(registry_url: str) ->
         assert _best(registry, "unsmoked") is None
         with registry.session(readonly=True) as session:
             assert len(records.smoke_reports(session, make_record("smoked").digest)) == 3
+
+
+def test_migrating_from_0002_keeps_runs_and_allows_cancelled_runs(registry_url: str) -> None:
+    """0003 rebuilds the stage_runs check (SQLite: the whole table) without losing a row;
+    afterwards a run may be `cancelled`, and still not anything else."""
+    from alembic import command
+    from alembic.config import Config
+
+    from registry.db import migrations_dir
+
+    engine = make_engine(registry_url)
+    row = {"key": "k1:" + "a" * 64, "status": "succeeded", "host": "h", "pid": 1, "owner": "o",
+           "t": datetime.now(UTC)}
+    insert_run = text("INSERT INTO stage_runs (key, status, host, pid, owner, started_at, "
+                      "lease_expires_at) VALUES (:key, :status, :host, :pid, :owner, :t, :t)")
+    try:
+        with engine.begin() as connection:
+            config = Config()
+            config.set_main_option("script_location", str(migrations_dir()))
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0002")
+            connection.execute(insert_run, row)
+    finally:
+        engine.dispose()
+    assert upgrade(registry_url) == head_revision()
+    with open_registry(registry_url) as registry:
+        with registry.session(readonly=True) as session:
+            run = records.get_stage_run(session, row["key"])
+            assert run is not None
+            assert (run.status, run.node_id) == ("succeeded", None)
+        with registry.session() as session:
+            session.execute(insert_run, {**row, "key": "k1:" + "b" * 64, "status": "cancelled"})
+        with pytest.raises(ConflictError), registry.session() as session:
+            session.execute(insert_run, {**row, "key": "k1:" + "c" * 64, "status": "bogus"})
