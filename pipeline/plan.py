@@ -273,7 +273,8 @@ class _Planner:
                 else self.convert(target, keys[0])
             )
             keys.append(checkpoint)
-            flags = build_flags(recipe.build, target.shape, target.quant, target.kv_cache_dtype)
+            flags = build_flags(recipe.build, target.shape, target.quant, target.kv_cache_dtype,
+                                tp=target.tp, family=self.loaded.architecture.family)
             entry = self.add(
                 target, "build", kind=KIND_ENGINE, params={"runtime": "trtllm", "flags": flags},
                 inputs=[checkpoint], toolchain=on_gpu, toolchain_stage="build:trtllm",

@@ -69,6 +69,11 @@ QUANT_ALGO: dict[str, str | None] = {
 }
 KV_CACHE_QUANT_ALGO: dict[str | None, str | None] = {"fp8": "FP8", "int8": "INT8", None: None}
 AWQ_QFORMATS = ("int4_awq", "w4a8_awq")
+# TensorRT-LLM's quantize.py lowers an AWQ --calib_size above this to it, for speed
+# (tensorrt_llm/quantization/quantize_by_modelopt.py quantize_and_export). This driver does
+# not: it calibrates on every sample it is asked for, so the recipe's `samples` (in the key)
+# is what was done. A recipe that wants TRT-LLM's speed asks for 32.
+TRTLLM_AWQ_CALIB_CAP = 32
 
 # An INT8 KV cache uses the same K/V quantizers as modelopt's FP8_KV_CFG, with 8-bit integers.
 _INT8_KV_CFG = {"*[kv]_bmm_quantizer": {"num_bits": 8, "axis": None, "enable": True}}
@@ -547,6 +552,9 @@ def _calibrate(
     kv = f", KV cache {opts.kv_cache_dtype}" if opts.kv_cache_dtype else ""
     _progress(f"calibrating {opts.qformat}{kv} on {len(samples)} samples "
               f"({len(batches)} batches, {tokens} tokens)…")
+    if opts.qformat in AWQ_QFORMATS and len(samples) > TRTLLM_AWQ_CALIB_CAP:
+        _progress(f"AWQ on all {len(samples)} samples, as asked (TensorRT-LLM's quantize.py "
+                  f"would use {TRTLLM_AWQ_CALIB_CAP}; ask for {TRTLLM_AWQ_CALIB_CAP} to match it)")
 
     def forward_loop(model: Any) -> None:
         with torch.no_grad():

@@ -11,6 +11,7 @@ import click
 from pipeline.keys import short_key
 from pipeline.memory import GIB
 from pipeline.plan import Plan
+from pipeline.stages.build import plugin_overrides
 
 STAGE_ORDER = ("snapshot", "quantize", "convert", "build", "smoke")
 
@@ -38,6 +39,10 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
         )
         lines += ["", f"{click.style(target.id, bold=True)}  (SM {target.gpu.sm})", shape_line,
                   memory_line]
+        if target.runtime == "trtllm":  # what trtllm-build changes, so the plan says it
+            _, overrides = plugin_overrides(recipe.build, target.quant, target.kv_cache_dtype,
+                                            tp=target.tp, family=plan.loaded.architecture.family)
+            lines += [f"  TRT-LLM builds {override}" for override in overrides]
         for key in planned.chain:
             run = plan.stages[key]
             users = len(run.targets)

@@ -15,6 +15,7 @@ from pipeline.errors import PlanError, RecipeError
 from pipeline.memory import Fit, memory_fit
 from pipeline.recipe import (
     Architecture,
+    BuildSettings,
     KvCacheDtype,
     LoadedRecipe,
     Matrix,
@@ -325,9 +326,39 @@ def _what_fits(arch: Architecture, target: Target, dtype: str) -> str:
     return "the weights alone do not fit; use more GPUs, a smaller quantization, or exclude it"
 
 
+# PluginConfig.tokens_per_block's default (tensorrt_llm/plugin/plugin.py); enginectl does not
+# set it.
+TRTLLM_TOKENS_PER_BLOCK = 32
+
+
+def check_engine_shape(path: Path, target: Target, build: BuildSettings) -> None:
+    """An engine's shape that trtllm-build would silently change (tensorrt_llm/_common.py
+    check_max_num_tokens): the engine would not be the target's, and the build stage would
+    refuse it after the build. Said here instead, before anything runs."""
+    tokens = target.shape.max_num_tokens
+    if target.runtime != "trtllm" or tokens is None:
+        return
+    if build.remove_input_padding == "disable":
+        raise PlanError(
+            path, target.id,
+            f"max_num_tokens {tokens} is ignored with build.remove_input_padding disable "
+            "(TRT-LLM builds max_batch_size × max_seq_len)",
+            "drop max_num_tokens from the shape or enable remove_input_padding",
+        )
+    if tokens < TRTLLM_TOKENS_PER_BLOCK:
+        raise PlanError(
+            path, target.id,
+            f"max_num_tokens {tokens} is below one KV-cache block; TRT-LLM raises it to "
+            f"{TRTLLM_TOKENS_PER_BLOCK}",
+            f"set max_num_tokens to at least {TRTLLM_TOKENS_PER_BLOCK}",
+        )
+
+
 def plan_targets(loaded: LoadedRecipe) -> list[tuple[Target, Fit]]:
-    return [
-        (t, check_target(loaded.path, t, loaded.architecture, loaded.recipe.model.dtype,
-                         loaded.recipe.quantize.awq_block_size))
-        for t in expand_matrix(loaded)
-    ]
+    planned = []
+    for target in expand_matrix(loaded):
+        fit = check_target(loaded.path, target, loaded.architecture, loaded.recipe.model.dtype,
+                           loaded.recipe.quantize.awq_block_size)
+        check_engine_shape(loaded.path, target, loaded.recipe.build)
+        planned.append((target, fit))
+    return planned

@@ -5,12 +5,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from pipeline.recipe import KvCacheDtype, ModelDtype, Quant, Shape, TrtllmServe, VllmServe
 
 PORT = "{port}"
 HOST = "127.0.0.1"
+
+
+def trtllm_served_name(model: str, *, is_dir: bool) -> str:
+    """The model id `trtllm-serve MODEL` lists in /v1/models and puts in its answers: the
+    directory's name for a local directory, else MODEL as given (TensorRT-LLM 1.2,
+    tensorrt_llm/serve/openai_server.py `OpenAIServer.__init__`; serve.py has no option to
+    name it)."""
+    return PurePath(model).name if is_dir else model
 
 
 def trtllm_serve_argv(

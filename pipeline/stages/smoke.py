@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.recipe import SmokeSettings
+from pipeline.stages.serve import trtllm_served_name
 
 if TYPE_CHECKING:
     from pipeline.plan import StageRun
@@ -44,8 +45,9 @@ def run_smoke(
     from pipeline.smoke import smoke
 
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else None
-    if Path(argv[0]).name == "trtllm-serve":
-        served_name = argv[1]  # trtllm-serve has no served-name option: it reports MODEL
+    if Path(argv[0]).name == "trtllm-serve":  # it has no served-name option
+        model = argv[1].replace("{model_dir}", str(model_dir))
+        served_name = trtllm_served_name(model, is_dir=Path(model).is_dir())
     return smoke(argv, model_dir=model_dir, served_name=served_name, settings=settings,
                  max_input_len=max_input_len, price_per_hour=price_per_hour,
                  log_path=log_path, env=env, reference=reference, threshold=threshold)

@@ -2,7 +2,8 @@
 
 External programs run through `pipeline.executors.runner`; every output is checked against
 what the target asked for before anything is published (a rank missing, a build config that
-is not the target's shape, a quantized config whose `rotary_base` drifted from the model's).
+is not the target's shape or plugin settings, a quantized config whose `rotary_base` drifted
+from the model's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pipeline.errors import StageError
 from pipeline.executors.runner import log_tail, run_process
 from pipeline.plan import Plan, PlannedTarget, StageRun
 from pipeline.settings import Settings
+from pipeline.stages.build import plugin_mismatches
 from pipeline.stages.snapshot import snapshot
 
 TOKENIZER_FILES = (
@@ -168,6 +170,10 @@ def _build_engine(job: StageJob, checkpoint: Path, out: Path) -> StageResult:
             raise StageError(run.stage, run.key,
                              f"engine build_config {name} is {build.get(name)!r}, the target "
                              f"asked for {wanted}", target=target.id, log_path=job.log_path)
+    wrong = plugin_mismatches(run.params["flags"], build)
+    if wrong:  # trtllm-build overrode a plugin feature the key says the engine has
+        raise StageError(run.stage, run.key, f"engine build_config {'; '.join(wrong)}",
+                         target=target.id, log_path=job.log_path)
     _check_ranks(job, out, ".engine", target.tp * target.pp)
     _copy_tokenizer(checkpoint, out)
     return StageResult(out, _labels(job), _serve_template(job))

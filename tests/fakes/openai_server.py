@@ -36,9 +36,17 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
 
 
 class Fake:
-    def __init__(self, name: str, max_model_len: int) -> None:
+    """What the server says and refuses. `style` picks whose answers it gives: "vllm" (the
+    default), or trtllm-serve's under its "tensorrt" or "pytorch" backend (see
+    tests/fakes/bin/trtllm-serve for the sources): TRT-LLM's error body, no check of the
+    request's model field, and its context-length rules."""
+
+    def __init__(self, name: str, max_model_len: int, *, style: str = "vllm",
+                 max_num_tokens: int | None = None) -> None:
         self.name = name
         self.max_model_len = max_model_len
+        self.style = style
+        self.max_num_tokens = max_num_tokens
         self.fail = os.environ.get("FAKE_OPENAI_FAIL_GENERATION") == "1"
         truncate = os.environ.get("FAKE_OPENAI_TRUNCATE")
         self.truncate = int(truncate) if truncate else None
@@ -53,6 +61,38 @@ class Fake:
     def prompt_tokens(self, text: str) -> int:
         count = len(self.tokens(text))
         return count if self.truncate is None else min(count, self.truncate)
+
+    def limit(self, prompt_tokens: int, max_tokens: int) -> tuple[str | None, int]:
+        """Why a request is refused (None if not), and how many tokens it gets."""
+        if self.style == "tensorrt":
+            return self._limit_tensorrt(prompt_tokens, max_tokens), max_tokens
+        if self.style == "pytorch":
+            return self._limit_pytorch(prompt_tokens, max_tokens)
+        if prompt_tokens + max_tokens > self.max_model_len:
+            return (f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, you requested {prompt_tokens + max_tokens} tokens."), max_tokens
+        return None, max_tokens
+
+    def _limit_tensorrt(self, prompt_tokens: int, max_tokens: int) -> str | None:
+        """tensorrt_llm/llmapi/llm.py BaseLLM._check_arguments, the TensorRT-engine branch."""
+        if prompt_tokens + max_tokens <= self.max_model_len:
+            return None
+        return (f"The sum of prompt length ({float(prompt_tokens)}) and query length (0) "
+                f"max_tokens ({max_tokens}) should not exceed max_seq_len "
+                f"({self.max_model_len})")
+
+    def _limit_pytorch(self, prompt_tokens: int, max_tokens: int) -> tuple[str | None, int]:
+        """llm.py _check_arguments (the pytorch branch), then executor/base_worker.py
+        _deduce_max_tokens, which lowers max_tokens to what max_seq_len leaves."""
+        if self.max_num_tokens and prompt_tokens > self.max_num_tokens:
+            return (f"The sum of prompt length ({float(prompt_tokens)}), query length (0) "
+                    f"should not exceed max_num_tokens ({self.max_num_tokens})"), max_tokens
+        left = self.max_model_len - prompt_tokens
+        if left <= 0:
+            return (f"`default_max_tokens` ({left}) should be greater than 0, "
+                    f"`default_max_tokens` ({left}) = max_seq_len ({self.max_model_len}) - "
+                    f"`splited_prompt_len` ({prompt_tokens}) - `query_token_len` (0)"), 0
+        return None, min(max_tokens, left)
 
     @staticmethod
     def generate(text: str, count: int) -> list[str]:
@@ -82,6 +122,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, status: int, message: str) -> None:
+        if self.server.fake.style != "vllm":  # tensorrt_llm/serve/openai_protocol.py ErrorResponse
+            self._json(status, {"object": "error", "message": message,
+                                "type": "BadRequestError" if status == 400 else "InternalError",
+                                "param": None, "code": status})
+            return
         self._json(status, {"error": {"message": message, "code": status}})
 
     def do_GET(self) -> None:
@@ -91,8 +136,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [
-                {"id": fake.name, "object": "model", "max_model_len": fake.max_model_len}]})
+            card: dict[str, Any] = {"id": fake.name, "object": "model"}
+            card |= ({"max_model_len": fake.max_model_len} if fake.style == "vllm"
+                     else {"created": int(time.time()), "owned_by": "tensorrt_llm"})
+            self._json(200, {"object": "list", "data": [card]})
         else:
             self._error(404, f"no route {self.path}")
 
@@ -118,7 +165,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: dict[str, Any], *, chat: bool) -> None:
         fake = self.server.fake
-        if body.get("model") != fake.name:
+        if fake.style == "vllm" and body.get("model") != fake.name:  # trtllm-serve never checks
             self._error(404, f"The model `{body.get('model')}` does not exist.")
             return
         refused = [name for name in ("ignore_eos", "stream_options") if name in body]
@@ -131,9 +178,9 @@ class Handler(BaseHTTPRequestHandler):
         prompt = chat_prompt(body.get("messages") or []) if chat else str(body.get("prompt"))
         max_tokens = int(body.get("max_tokens") or 16)
         prompt_tokens = fake.prompt_tokens(prompt)
-        if prompt_tokens + max_tokens > fake.max_model_len:
-            self._error(400, f"This model's maximum context length is {fake.max_model_len} "
-                        f"tokens. However, you requested {prompt_tokens + max_tokens} tokens.")
+        refused, max_tokens = fake.limit(prompt_tokens, max_tokens)
+        if refused is not None:
+            self._error(400, refused)
             return
         words = fake.generate(prompt, max_tokens)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
@@ -204,9 +251,14 @@ def main(argv: list[str]) -> int:
         print(f"fake-openai: error: model directory {model_dir!r} does not exist", flush=True)
         return 1
     fake = Fake(args.served_model_name or model_dir, args.max_model_len)
-    with FakeHTTPServer((args.host, args.port), fake) as httpd:
-        print(f"fake-openai: serving {fake.name!r} on {args.host}:{args.port}"
-              f" (ignored: {' '.join(ignored) or 'nothing'})", flush=True)
+    return run(fake, args.host, args.port, note=f"ignored: {' '.join(ignored) or 'nothing'}")
+
+
+def run(fake: Fake, host: str, port: int, *, note: str = "") -> int:
+    """Serve *fake* on host:port until killed."""
+    with FakeHTTPServer((host, port), fake) as httpd:
+        print(f"fake-openai: serving {fake.name!r} on {host}:{port} ({fake.style}; {note})",
+              flush=True)
         httpd.serve_forever()
     return 0
 

@@ -116,7 +116,8 @@ def test_fp8_kv_cache_is_quantized_and_recorded(
 
 def test_int4_awq_trtllm_checkpoint_tp2(tiny_model: Path, run_quantizer: RunQuantizer) -> None:
     # Hidden 128 split over tp 2 leaves 64 input features per rank in o_proj: block 64.
-    run = run_quantizer(tiny_model, quant="int4_awq", awq_block_size=64, tp=2)
+    # 40 samples: more than TRT-LLM's quantize.py would use for AWQ (32); all are used.
+    run = run_quantizer(tiny_model, quant="int4_awq", awq_block_size=64, tp=2, samples=40)
     assert run.returncode == 0, run.stderr
     out = run.output_dir
     config = read_json(out / "config.json")
@@ -128,7 +129,10 @@ def test_int4_awq_trtllm_checkpoint_tp2(tiny_model: Path, run_quantizer: RunQuan
     for rank in (0, 1):
         names = tensor_names(out / f"rank{rank}.safetensors")
         assert "transformer.layers.0.mlp.fc.weights_scaling_factor" in names
-    assert read_json(out / PROVENANCE)["awq_block_size"] == 64
+    record = read_json(out / PROVENANCE)
+    assert record["awq_block_size"] == 64
+    assert record["calibration"]["samples"] == 40
+    assert "AWQ on all 40 samples, as asked" in run.stderr
 
 
 def test_awq_block_that_cannot_split_fails_before_calibrating(

@@ -1,9 +1,11 @@
 """Every argv the plan emits is accepted by the real CLI, flag for flag.
 
-The flag tables in tests/data/cli/*.json were read from TensorRT-LLM's and vLLM's own parser
-definitions (each file names the repository, path and commit it came from): trtllm-build's
-`parse_arguments` plus the plugin flags, `convert_checkpoint.py`, `quantize.py`,
-`trtllm-serve`'s click options and vLLM's api_server/EngineArgs parser.
+The flag tables in tests/data/cli/*.json were read from TensorRT-LLM's own parser definitions
+(each file names the repository, paths and commits it came from): trtllm-build's
+`parse_arguments` plus the plugin flags, `convert_checkpoint.py`, `quantize.py` and
+`trtllm-serve`'s click options; vLLM's is generated from the installed 0.32 wheel's argparse
+parser by tests/data/cli/make_vllm_table.py. An argv passes when every flag exists, appears
+once, has a value when it takes one, and the value is among its choices and of its type.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes.cli_contract import VALUE_TYPES
 from tests.helpers import ROOT, plan_of, recipe_data
 
 CLI = ROOT / "tests" / "data" / "cli"
@@ -66,8 +69,12 @@ def check_against(tool: str, args: list[str], extra: dict[str, Any] | None = Non
         if choices:
             accepted = set(choices) | set(spec.get("value_aliases") or {})
             assert value in accepted, f"{tool}: {flag} {value!r} not in {sorted(accepted)}"
-        if spec.get("type") == "int":
-            int(value)
+        kind = spec.get("value_type") if spec.get("type") == "choice" else spec.get("type")
+        if kind in VALUE_TYPES:
+            try:
+                VALUE_TYPES[kind](value)
+            except ValueError:
+                raise AssertionError(f"{tool}: {flag} {value!r} is not {kind}") from None
         index += 2
 
 
@@ -122,3 +129,37 @@ def test_the_checker_itself_rejects_unknown_flags_and_bad_choices() -> None:
         check_against("trtllm-build", ["--gemm_plugin", "fp9"])
     with pytest.raises(AssertionError, match="no flag"):
         check_against("vllm-api-server", ["--dtype-fp8", "x"])
+    with pytest.raises(AssertionError, match="is not int"):
+        check_against("trtllm-build", ["--workers", "abc"])
+    with pytest.raises(AssertionError, match="is not float"):
+        check_against("trtllm-serve", ["--kv_cache_free_gpu_memory_fraction", "most"])
+
+
+def test_vllm_table_is_the_032_parser_with_its_real_quantization_methods() -> None:
+    """What vLLM 0.32 dropped is refused, what it checks after parsing is in the table."""
+    table = json.loads((CLI / "vllm-api-server.json").read_text())
+    assert table["source"]["package"].endswith("==0.32.0")
+    flags = table["flags"]
+    for gone in ("--swap-space", "--disable-log-requests", "--task", "--rope-theta",
+                 "--guided-decoding-backend"):
+        assert gone not in flags
+    quantization = flags["--quantization"]
+    assert {"fp8", "modelopt", "modelopt_fp4"} <= set(quantization["choices"])
+    for refused in ("bitsandbytes", "gguf", "ipex"):
+        assert refused not in quantization["choices"]
+    with pytest.raises(AssertionError, match="not in"):
+        check_against("vllm-api-server", ["--quantization", "bitsandbytes"])
+    assert flags["--no-enforce-eager"]["takes_value"] is False
+
+
+@pytest.mark.parametrize("table", sorted(CLI.glob("*.json")), ids=lambda p: p.stem)
+def test_every_table_names_where_it_was_read(table: Path) -> None:
+    source = json.loads(table.read_text())["source"]
+    assert source["repo"] in ("NVIDIA/TensorRT-LLM", "vllm-project/vllm")
+    assert source["path"]
+    assert source.get("version_or_commit") or source.get("package")
+
+
+def test_trtllm_build_has_no_flags_removed_before_1_2() -> None:
+    for removed in ("--auto_parallel", "--gpus_per_node", "--cluster_key"):
+        assert removed not in flags_of("trtllm-build")

@@ -1,0 +1,138 @@
+"""Smoke serving through the trtllm-serve stand-in, which answers as TensorRT-LLM 1.2 does.
+
+The engines are made by the convert and trtllm-build stand-ins from the argv enginectl emits,
+and served with the argv enginectl emits (pipeline.stages.serve.trtllm_serve_argv) through
+pipeline.stages.smoke.run_smoke, as the build and `enginectl smoke` run it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.recipe import BuildSettings, Shape, SmokeSettings, TrtllmServe
+from pipeline.smoke import SmokeReport, smoke
+from pipeline.stages.build import build_argv, build_flags
+from pipeline.stages.convert import convert_argv
+from pipeline.stages.serve import trtllm_serve_argv
+from pipeline.stages.smoke import run_smoke
+from tests.helpers import ROOT
+
+FAKES = ROOT / "tests" / "fakes"
+TRTLLM_SERVE = str(FAKES / "bin" / "trtllm-serve")
+SHAPE = Shape(max_batch_size=4, max_input_len=120, max_seq_len=256)
+SETTINGS = SmokeSettings(prompts=["The capital of France is"], max_tokens=4, concurrency=[1],
+                         requests=2, ready_timeout_s=60, request_timeout_s=30)
+HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+             "num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000,
+             "max_position_embeddings": 4096, "rope_theta": 10000.0}
+
+
+def hf_checkpoint(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(HF_CONFIG))
+    (path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    return path
+
+
+def make_engine(root: Path, *, tp: int = 1, shape: Shape = SHAPE) -> Path:
+    """An engine directory as the build stage makes one: convert, then trtllm-build."""
+    hf = hf_checkpoint(root / "hf")
+    checkpoint, engine = root / "checkpoint", root / "engine-0123abcd"
+    convert = convert_argv(sys.executable, FAKES / "examples", family="llama", model_dir=hf,
+                           output_dir=checkpoint, dtype="bfloat16", tp=tp, pp=1, workers=1)
+    flags = build_flags(BuildSettings(), shape, "bf16", "auto", tp=tp, family="llama")
+    build = build_argv(checkpoint_dir=checkpoint, output_dir=engine, flags=flags, workers=1)
+    build[0] = str(FAKES / "bin" / "trtllm-build")
+    for argv in (convert, [sys.executable, *build]):
+        subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    return engine
+
+
+def serve_argv(model_dir: Path, *, backend: str, tp: int = 1, shape: Shape = SHAPE) -> list[str]:
+    argv = trtllm_serve_argv(model_dir=model_dir,
+                             tokenizer_dir=model_dir if backend == "tensorrt" else None,
+                             backend=backend, tp=tp, pp=1, shape=shape, settings=TrtllmServe())
+    return [TRTLLM_SERVE, *argv[1:]]
+
+
+def smoke_it(argv: list[str], model_dir: Path, tmp_path: Path) -> SmokeReport:
+    return run_smoke(argv, model_dir=model_dir, served_name="toy", settings=SETTINGS,
+                     max_input_len=SHAPE.max_input_len, price_per_hour=None,
+                     log_path=tmp_path / "smoke.log", cpu=False)
+
+
+def test_an_engine_is_smoked_under_the_id_trtllm_serve_gives_it(tmp_path: Path) -> None:
+    """trtllm-serve lists a local directory under its name, not the path it was given."""
+    engine = make_engine(tmp_path)
+    argv = serve_argv(engine, backend="tensorrt")
+
+    report = smoke_it(argv, engine, tmp_path)
+
+    assert report.passed, report.failure
+    models = report.check("models")
+    assert models is not None
+    assert models.evidence["ids"] == ["engine-0123abcd"]
+    # What run_smoke used to expect, the path as given, is not what the server lists.
+    by_path = smoke(argv, model_dir=engine, served_name=str(engine), settings=SETTINGS,
+                    max_input_len=SHAPE.max_input_len, price_per_hour=None,
+                    log_path=tmp_path / "by-path.log")
+    assert by_path.failure is not None
+    assert by_path.failure.startswith(f"models: {str(engine)!r} not among ['engine-0123abcd']")
+
+
+def test_an_engine_does_not_load_under_the_default_pytorch_backend(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path)
+    argv = serve_argv(engine, backend="tensorrt")
+    at = argv.index("--backend")
+    del argv[at:at + 2]
+
+    report = smoke_it(argv, engine, tmp_path)
+
+    assert report.failure is not None
+    assert report.failure.startswith("ready: the server exited with code 1")
+    ready = report.check("ready")
+    assert ready is not None
+    assert "Unrecognized model" in ready.evidence["log_tail"]
+
+
+def test_an_engine_missing_a_rank_is_not_served(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, tp=2)
+    (engine / "rank1.engine").unlink()
+
+    report = smoke_it(serve_argv(engine, backend="tensorrt", tp=2), engine, tmp_path)
+
+    ready = report.check("ready")
+    assert ready is not None
+    assert not ready.passed
+    assert "rank1.engine" in ready.evidence["log_tail"]
+
+
+def test_the_context_limit_is_the_one_in_the_engines_config(tmp_path: Path) -> None:
+    """Served with --max_seq_len 4096, an engine built for 64 still refuses what exceeds 64,
+    with TRT-LLM's HTTP 400 and message."""
+    engine = make_engine(tmp_path, shape=Shape(max_batch_size=4, max_input_len=60,
+                                               max_seq_len=64))
+    argv = serve_argv(engine, backend="tensorrt",
+                      shape=Shape(max_batch_size=4, max_input_len=4000, max_seq_len=4096))
+
+    report = smoke_it(argv, engine, tmp_path)
+
+    assert report.failure is not None
+    assert report.failure.startswith("long_prompt: a 112-token prompt was refused: HTTP 400")
+    assert "should not exceed max_seq_len (64)" in report.failure
+    assert '"type": "BadRequestError"' in report.failure
+
+
+def test_a_pytorch_backend_entry_serves_the_checkpoint(tmp_path: Path) -> None:
+    checkpoint = hf_checkpoint(tmp_path / "hf-0123abcd")
+
+    report = smoke_it(serve_argv(checkpoint, backend="pytorch"), checkpoint, tmp_path)
+
+    assert report.passed, report.failure
+    models = report.check("models")
+    assert models is not None
+    assert models.evidence["ids"] == ["hf-0123abcd"]
