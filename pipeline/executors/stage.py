@@ -71,9 +71,11 @@ class StageWorker:
 
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
                  force: bool = False, local_gpu: str | None = None,
-                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot) -> None:
+                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot,
+                 node_id: str | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.owner, self.force, self.local_gpu = owner, force, local_gpu
+        self.node_id = node_id  # the Ray node this runs on, recorded on the stage-run row
         self.stop = stop or threading.Event()
         self.gpu_slot = gpu_slot
         self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
@@ -123,7 +125,8 @@ class StageWorker:
             raise StageError(run.stage, run.key, "no server argv")
         with self.ctx.registry.session() as session:  # records who smoked it, and when
             records.try_acquire_lease(session, run.key, owner=self.owner,
-                                      host=socket.gethostname(), pid=os.getpid(), ttl_s=3600)
+                                      host=socket.gethostname(), pid=os.getpid(), ttl_s=3600,
+                                      node_id=self.node_id)
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,
@@ -153,7 +156,8 @@ class StageWorker:
         while True:
             with self.ctx.registry.session() as session:
                 got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
-                                                pid=os.getpid(), ttl_s=LEASE_TTL_S)
+                                                pid=os.getpid(), ttl_s=LEASE_TTL_S,
+                                                node_id=self.node_id)
             if got:
                 break
             found = lookup(self.ctx, {run.key}).get(run.key)
