@@ -83,6 +83,8 @@ def connect(address: str, config: RegistryConfig) -> None:
     """Join the cluster at *address* (`auto`, `host:6379`, or `ray://head:10001`) as a driver
     whose tasks get the store and registry of *config*."""
     env = worker_env(config, os.environ)
+    _check_reachable(address)
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ warnings: not ours
     try:
         ray.init(address=address, runtime_env={"env_vars": env}, namespace="enginectl",
                  logging_level=logging.ERROR, log_to_driver=False, ignore_reinit_error=True,
@@ -101,6 +103,22 @@ def connect(address: str, config: RegistryConfig) -> None:
     # even with log_to_driver=False, which would corrupt `--json`; enginectl reports every
     # run itself. Ray's own debugger (ray.util.rpdb) silences the same switch.
     setattr(ray_worker, "_worker_logs_enabled", False)  # noqa: B010
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds when nothing listens at *address*: Ray itself retries for minutes,
+    then its C++ core ends the process."""
+    if "://" not in address and address.count(":") != 1:
+        return  # auto, local: Ray's own lookup, which fails at once when nothing runs
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise FleetError(f"cannot join the Ray cluster at {address!r}: nothing answers at "
+                         f"{host}:{port} ({why}); check --address (or RAY_ADDRESS) and "
+                         "`ray status` on the head", address=address) from exc
 
 
 def disconnect() -> None:

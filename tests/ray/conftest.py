@@ -52,6 +52,7 @@ GPUS = {  # what each node's nvidia-smi reports
     "l40s": {"name": "NVIDIA L40S", "count": 1, "memory_mib": 46068, "compute_cap": "8.9"},
 }
 RESOURCES = {"h100-a": {f"gpu:{H100}": 2}, "h100-b": {f"gpu:{H100}": 2}, "l40s": {"gpu:L40S": 1}}
+SECRET = "never-print-this-7f3a"  # noqa: S105 - the registry password and S3 secret key the tests use
 RAY_TIMEOUT_S = 300  # a guard against a hung CLI, not a timing assertion
 
 
@@ -186,12 +187,14 @@ def fleet_env(request: pytest.FixtureRequest, tmp_path: Path,
     if store == "s3":
         server = request.getfixturevalue("s3_server")
         bucket = server.create_bucket()
-        env |= {**CREDENTIALS, "ENGINECTL_STORE_URL": f"s3://{bucket}/fleet",
+        env |= {**CREDENTIALS, "AWS_SECRET_ACCESS_KEY": SECRET,
+                "ENGINECTL_STORE_URL": f"s3://{bucket}/fleet",
                 "ENGINECTL_S3_ENDPOINT_URL": server.endpoint_url}
     else:
         env["ENGINECTL_STORE_URL"] = (tmp_path / "store").as_uri()
-    if registry == "postgresql":
-        env["ENGINECTL_REGISTRY_URL"] = request.getfixturevalue("postgres_url")
+    if registry == "postgresql":  # trust auth: any password is taken, and must never show
+        url = request.getfixturevalue("postgres_url")
+        env["ENGINECTL_REGISTRY_URL"] = url.replace("postgres@", f"postgres:{SECRET}@", 1)
     else:
         env["ENGINECTL_REGISTRY_URL"] = f"sqlite:///{tmp_path / 'registry.db'}"
     try:

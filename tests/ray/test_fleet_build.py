@@ -18,6 +18,7 @@ from registry.db import open_registry
 from registry.records import get_stage_run, list_artifacts, toolchain_history
 from tests.ray.conftest import (
     H100,
+    SECRET,
     FakeCluster,
     FakeNode,
     enginectl,
@@ -74,6 +75,10 @@ def test_a_fleet_recipe_builds_each_stage_on_its_pool_then_reuses_everything(
     assert engine.toolchain["driver"] == "570.124.06"
     shown = enginectl(fleet_env, "show", engine.digest).stdout
     assert f"(Ray node {nodes['l40s'].node_id})" in shown
+
+    for row in rows.values():  # credentials travel to the workers, never into a row
+        assert SECRET not in repr(row)
+    assert SECRET not in done.stdout + done.stderr + shown
 
     again = json.loads(enginectl(fleet_env, "build", str(recipe), "--executor", "ray",
                                  "--json").stdout)
@@ -283,3 +288,42 @@ def _first_pidfile(nodes: list[FakeNode], proc: subprocess.Popen[str]) -> Path:
             pytest.fail(f"the build exited {proc.returncode} early: {out[-2000:]} {err}")
         assert time.monotonic() < deadline, "no trtllm-build started"
         time.sleep(0.1)
+
+
+@PG
+def test_fleet_lists_pools_nodes_gpus_and_the_last_probe(
+    fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster
+) -> None:
+    before = json.loads(enginectl(fleet_env, "fleet", "--json").stdout)
+    pools = {p["pool"]: p for p in before["pools"]}
+    assert set(pools) == {H100, "L40S"}
+    assert (pools[H100]["gpus_total"], pools[H100]["gpus_free"]) == (4, 4)
+    assert {n["node_id"] for n in pools[H100]["nodes"]} == {
+        ray_cluster.nodes["h100-a"].node_id, ray_cluster.nodes["h100-b"].node_id}
+    assert pools[H100]["resource"] == "gpu:H100-SXM5-80GB"
+    assert pools[H100]["last_probe"] is None
+    assert [n["node_id"] for n in before["cpu_nodes"]] == [ray_cluster.nodes["head"].node_id]
+    assert before["versions"]["ray"] == "2.60.0"
+    recipe = fleet_recipe(tmp_path, **ONE_H100)
+    enginectl(fleet_env, "build", str(recipe), "--executor", "ray", "--dry-run")
+    after = json.loads(enginectl(fleet_env, "fleet", "--json").stdout)
+    probe = next(p for p in after["pools"] if p["pool"] == H100)["last_probe"]
+    assert probe["toolchain"]["driver"] == "570.124.06"
+    assert probe["toolchain"]["gpu"] == H100
+    text = enginectl(fleet_env, "fleet").stdout
+    assert f"  {H100:<16} 2 nodes, GPUs 4/4 free; probed " in text
+    assert "driver 570.124.06" in text
+
+
+def test_an_unreachable_cluster_is_one_line_with_exit_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "ENGINECTL_"))}
+    env |= {"ENGINECTL_HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0"}
+    recipe = fleet_recipe(tmp_path, **ONE_H100)
+    for args in (["fleet", "--address", "127.0.0.1:1"],
+                 ["build", str(recipe), "--executor", "ray", "--address", "ray://127.0.0.1:1"]):
+        done = enginectl(env, *args, code=2, timeout=120)
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("enginectl: error: cannot join the Ray cluster at "), line
+        assert "nothing answers at 127.0.0.1:1" in line
+        assert "--address" in line
