@@ -84,7 +84,6 @@ def connect(address: str, config: RegistryConfig) -> None:
     whose tasks get the store and registry of *config*."""
     env = worker_env(config, os.environ)
     _check_reachable(address)
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ warnings: not ours
     try:
         ray.init(address=address, runtime_env={"env_vars": env}, namespace="enginectl",
                  logging_level=logging.ERROR, log_to_driver=False, ignore_reinit_error=True,
