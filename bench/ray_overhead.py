@@ -55,6 +55,7 @@ def start_cluster(tmp: Path, gpu_nodes: dict[str, dict[str, Any]]) -> Any:
         (directory / "smi.json").write_text(json.dumps(gpu or {"count": 0}))
         env = {"PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
                "FAKE_NVIDIA_SMI_CONFIG": str(directory / "smi.json"),
+               "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
                "ENGINECTL_HOME": str(directory / "home"),
                "ENGINECTL_VLLM_PYTHON": str(directory / "no-vllm"), "HF_HUB_OFFLINE": "1"}
         args: dict[str, Any] = {"num_cpus": 3, "env_vars": env, "include_dashboard": False}

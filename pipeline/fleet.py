@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pipeline.build import BuildResult, LiveView
 from pipeline.errors import FleetError
 from pipeline.executors.dag import walk
 from pipeline.executors.outcome import Outcome
@@ -208,12 +209,23 @@ def describe(outcome: Outcome) -> str:
             f"{where}{timing}{node}{why}")
 
 
+class NodeView(LiveView):
+    """The local build's live table, each finished run with the node that ran it."""
+
+    def finished(self, outcome: Outcome) -> None:
+        super().finished(outcome)
+        if outcome.node:
+            with self.lock:
+                self.state[outcome.key] += (f" on {outcome.node['host']} "
+                                            f"{outcome.node['node_id'][:8]}")
+                self.live.update(self._table())
+
+
 def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: bool = False,
                  keep_going: bool = False, dry_run: bool = False, echo: Echo | None = None,
-                 ctx: Context | None = None) -> Any:
+                 ctx: Context | None = None) -> BuildResult:
     """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
-    plan's stage runs as Ray tasks; a `pipeline.build.BuildResult`."""
-    from pipeline.build import BuildResult, LiveView
+    plan's stage runs as Ray tasks."""
     from pipeline.executors.local import owner_id
 
     loaded = load_recipe(recipe)
@@ -261,7 +273,7 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                               cpu_nodes=cpu_nodes, grace_s=GRACE_S,
                               max_retries=MAX_RETRIES) as backend:
             if echo is not None and sys.stdout.isatty():
-                with LiveView(plan, keys) as view:
+                with NodeView(plan, keys) as view:
                     result.summary = walk(plan, ctx, keys, backend, hits=hits,
                                           keep_going=keep_going, report=view.finished,
                                           started=view.started)

@@ -80,8 +80,8 @@ def test_a_fleet_recipe_builds_each_stage_on_its_pool_then_reuses_everything(
         assert SECRET not in repr(row)
     assert SECRET not in done.stdout + done.stderr + shown
 
-    again = json.loads(enginectl(fleet_env, "build", str(recipe), "--executor", "ray",
-                                 "--json").stdout)
+    on_ray = {**fleet_env, "ENGINECTL_EXECUTOR": "ray"}  # the variable, not the option
+    again = json.loads(enginectl(on_ray, "build", str(recipe), "--json").stdout)
     assert (again["built"], again["reused"], again["failed"]) == (0, 10, 0), again
 
     plan = json.loads(enginectl(fleet_env, "plan", str(recipe), "--executor", "ray",
