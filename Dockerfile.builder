@@ -27,7 +27,7 @@ COPY recipes ./recipes
 # already has torch, transformers and nvidia-modelopt at the versions TRT-LLM pins; the
 # constraint keeps pip from replacing them.
 RUN python3 -m pip freeze | grep -iE '^(torch|transformers|nvidia-modelopt)==' > /tmp/keep.txt \
- && python3 -m pip install --constraint /tmp/keep.txt -e '.[postgres]' \
+ && python3 -m pip install --constraint /tmp/keep.txt -e '.[postgres,ray]' \
  && enginectl --help > /dev/null
 
 ENTRYPOINT ["enginectl"]

@@ -61,7 +61,16 @@ def build_recipe(
     dry_run: bool = False,
     echo: Echo | None = None,
     ctx: Context | None = None,
+    run_on: str = "local",
+    address: str = "auto",
 ) -> BuildResult:
+    if run_on == "ray":  # a Ray cluster's pools (pipeline.fleet); Ray is imported only there
+        from pipeline.fleet import build_on_ray
+
+        built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
+                                          keep_going=keep_going, dry_run=dry_run, echo=echo,
+                                          ctx=ctx)
+        return built
     loaded = load_recipe(recipe)
     settings = Settings.from_env()
     found = probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))

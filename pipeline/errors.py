@@ -5,7 +5,9 @@
     │                      file, field path, YAML line and the bad value
     ├── PlanError          a target cannot be planned (exit 2): target id and the fix
     ├── StageError         a stage run failed (exit 3): stage, key, target and the log tail
-    └── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
+    ├── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
+    └── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
+                           SKU no node has, a pool whose nodes disagree; names the pools
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -78,3 +80,15 @@ class SmokeError(EnginectlError):
         self.digest = digest
         self.failure = failure
         super().__init__(f"smoke failed, {digest} is quarantined: {failure}")
+
+
+class FleetError(EnginectlError):
+    """The cluster, not the recipe or an artifact, is what is wrong: nothing was submitted."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, address: str | None = None,
+                 pools: tuple[str, ...] = ()) -> None:
+        self.address = address
+        self.pools = pools
+        super().__init__(message)

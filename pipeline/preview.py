@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pipeline.plan import Plan, plan_recipe
 from pipeline.recipe import LoadedRecipe
 from pipeline.settings import Settings
-from pipeline.toolchain import BUILDER_IMAGE, for_plan, from_dict, local_pool
+from pipeline.toolchain import BUILDER_IMAGE, Toolchain, for_plan, from_dict, local_pool
 from registry.errors import RegistryError
 from registry.lookup import built_keys, last_toolchain, shown
 
@@ -29,8 +29,12 @@ class Preview:
     """Where the plan's toolchain came from: "<pool> probed <time>" or "builder image"."""
 
 
-def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str) -> Preview:
-    """The plan of *loaded* for a build on this machine (the local executor's pool)."""
+def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str,
+            pools: str = "local") -> Preview:
+    """The plan of *loaded* for a build on this machine (the local executor's pool), or, with
+    *pools* "ray", on a Ray cluster's pools (each target's SKU its own)."""
+    if pools == "ray":
+        return _on_ray_pools(loaded, settings, registry_url)
     notes: list[str] = []
     pool = local_pool()
     try:
@@ -58,3 +62,48 @@ def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str) -> P
         except RegistryError as exc:
             notes.append(f"cannot read the registry ({exc}); nothing is shown as built")
     return result
+
+
+def _on_ray_pools(loaded: LoadedRecipe, settings: Settings, registry_url: str) -> Preview:
+    """Each target keyed with its Ray pool's last recorded probe (pool = the catalog SKU;
+    CPU targets and stages on CPU nodes: the CPU pool's, else the builder image's), as a
+    build with `--executor ray` keys it after probing; the cluster is not contacted."""
+    from pipeline.executors.pools import CPU_POOL, pool_toolchain
+    from pipeline.toolchain import PoolToolchains
+
+    notes: list[str] = []
+    draft = plan_recipe(loaded, settings)
+    names = sorted({t.target.gpu.sku for t in draft.targets})
+    by_pool: dict[str, Toolchain] = {}
+    sources: list[str] = []
+    never: list[str] = []
+    for pool in names:
+        try:
+            probed = last_toolchain(registry_url, pool)
+        except RegistryError as exc:
+            notes.append(f"cannot read the registry ({exc}); keys use the builder image's "
+                         "versions and nothing is shown as built")
+            break
+        if probed is None:
+            never.append(pool)
+            continue
+        recorded = pool_toolchain(pool, from_dict(probed.fingerprint))
+        by_pool[pool], note = for_plan(recorded, loaded.recipe.toolchain)
+        sources.append(f"{pool} probed {probed.probed_at}")
+        if note:
+            notes.append(f"pool {pool}: {note}")
+    if never and not notes:
+        notes.append(f"no probe is recorded for the Ray pools {', '.join(never)} in "
+                     f"{shown(registry_url)}; their keys use the builder image's versions "
+                     "(`enginectl build --executor ray` probes and records them)")
+    default = by_pool.get(CPU_POOL, BUILDER_IMAGE)
+    plan = plan_recipe(loaded, settings, PoolToolchains(default, by_pool))
+    source = "Ray pools: " + "; ".join(sources + [f"{p} builder image" for p in never])
+    result = Preview(plan, notes=notes, toolchain_source=source)
+    if not any(n.startswith("cannot read") for n in notes):
+        try:
+            result.built = built_keys(registry_url, set(plan.stages))
+        except RegistryError as exc:
+            notes.append(f"cannot read the registry ({exc}); nothing is shown as built")
+    return result
+

@@ -114,7 +114,8 @@ def show_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"  smoke     {verdict} at {report['created_at']}")
     run = info.get("stage_run")
     if run:
-        lines.append(f"  built     on {run['host']} from {run['started_at']} to "
+        node = f" (Ray node {run['node_id']})" if run.get("node_id") else ""
+        lines.append(f"  built     on {run['host']}{node} from {run['started_at']} to "
                      f"{run['finished_at']}; log blob {run['log'] or '-'}")
         lines.append(f"  recipe    {run['recipe_digest'] or '-'}")
     lines.append("  provenance")

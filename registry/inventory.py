@@ -57,7 +57,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         "smoke_reports": reports,
         "provenance": provenance,
         "stage_run": None if run is None else {
-            "status": run.status, "host": run.host, "pid": run.pid,
+            "status": run.status, "host": run.host, "node_id": run.node_id, "pid": run.pid,
             "started_at": run.started_at.isoformat(),
             "finished_at": run.finished_at.isoformat() if run.finished_at else None,
             "log": run.log_location, "recipe_digest": record.recipe_digest,

@@ -390,20 +390,21 @@ def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
 
 def try_acquire_lease(
     session: Session, key: str, *, owner: str, host: str, pid: int, ttl_s: float,
-    now: datetime | None = None,
+    now: datetime | None = None, node_id: str | None = None,
 ) -> bool:
     """Take the lease on stage *key* for *owner* until *now* + *ttl_s*; True when taken.
 
     Taken when no run exists, the run is finished (succeeded or failed), its lease has
     expired (a dead builder), or *owner* holds it already (the lease is renewed). One atomic
     statement: of several processes racing, exactly one wins. *now* is this host's clock;
-    keep *ttl_s* well above the clock skew between builders.
+    keep *ttl_s* well above the clock skew between builders. *node_id* is the Ray node that
+    runs it (None off Ray); *host* is that node's hostname.
     """
     now = now or utcnow()
     values: dict[str, Any] = {
         "key": key, "status": "running", "host": host, "pid": pid, "owner": owner,
         "started_at": now, "finished_at": None, "lease_expires_at": now + timedelta(seconds=ttl_s),
-        "artifact_digest": None, "log_location": None, "error": None,
+        "artifact_digest": None, "log_location": None, "error": None, "node_id": node_id,
     }
     stmt = _insert(session, StageRun).values(values)
     stmt = stmt.on_conflict_do_update(
@@ -446,6 +447,23 @@ def release_lease(
             status=status, finished_at=now, lease_expires_at=now,
             artifact_digest=artifact_digest, error=error, log_location=log_location,
         )
+        .returning(StageRun.key)
+    )
+    return result.first() is not None
+
+
+def cancel_run(
+    session: Session, key: str, *, owner: str, reason: str, now: datetime | None = None
+) -> bool:
+    """Mark *owner*'s run of *key* `cancelled` with *reason* (a driver's timeout, Ctrl-C):
+    its lease is released, or a failure its worker recorded while being stopped is
+    corrected. False (nothing written) when the run succeeded or belongs to someone else."""
+    now = now or utcnow()
+    result = session.execute(
+        update(StageRun)
+        .where(StageRun.key == key, StageRun.owner == owner,
+               StageRun.status.in_(("running", "failed")))
+        .values(status="cancelled", finished_at=now, lease_expires_at=now, error=reason)
         .returning(StageRun.key)
     )
     return result.first() is not None
@@ -506,20 +524,24 @@ class ToolchainProbe:
     fingerprint: dict[str, Any]
     host: str
     probed_at: datetime
+    node_id: str | None = None  # the Ray node probed (None off Ray)
 
 
 def record_toolchain(session: Session, pool: str, gpu: str | None,
-                     fingerprint: dict[str, Any], host: str) -> None:
-    """Record a probe of *pool* (*gpu* None: no GPU, recorded as "CPU")."""
+                     fingerprint: dict[str, Any], host: str, *,
+                     node_id: str | None = None) -> None:
+    """Record a probe of *pool* (*gpu* None: no GPU, recorded as "CPU") on *host* (and Ray
+    node *node_id*)."""
     session.execute(insert(ToolchainRow).values(
-        pool=pool, gpu=gpu or "CPU", fingerprint=fingerprint, host=host, probed_at=utcnow()))
+        pool=pool, gpu=gpu or "CPU", fingerprint=fingerprint, host=host, probed_at=utcnow(),
+        node_id=node_id))
 
 
 def toolchain_history(session: Session, pool: str, limit: int = 2) -> list[ToolchainProbe]:
     """The last *limit* probes of *pool*, newest first."""
     query = (
         select(ToolchainRow.pool, ToolchainRow.gpu, ToolchainRow.fingerprint, ToolchainRow.host,
-               ToolchainRow.probed_at)
+               ToolchainRow.probed_at, ToolchainRow.node_id)
         .where(ToolchainRow.pool == pool)
         .order_by(ToolchainRow.probed_at.desc(), ToolchainRow.id.desc()).limit(limit)
     )

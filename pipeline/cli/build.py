@@ -8,24 +8,31 @@ import click
 
 from pipeline.cli.base import context, echo_json, handle_errors, main
 
+EXECUTOR = click.option(
+    "--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+    envvar="ENGINECTL_EXECUTOR", help="Where stages run: this machine, or a Ray cluster.")
+
 
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--commands", is_flag=True, help="Print the argv of every program it would run.")
+@EXECUTOR
 @handle_errors
-def plan(recipe: Path, as_json: bool, commands: bool) -> None:
+def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
     """Show what RECIPE would build, what it shares, and what fits; touches no GPU.
 
     Keys use the toolchain this machine's last build recorded (the builder image's versions
-    when none is recorded), so "built" and "new" say what a build here would do."""
+    when none is recorded), so "built" and "new" say what a build here would do; with
+    --executor ray, each target's Ray pool's last recorded probe (no cluster is contacted)."""
     from pipeline.preview import preview
     from pipeline.recipe import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
 
     shown = preview(load_recipe(recipe), Settings.from_env(),
-                    registry_url=RegistryConfig.from_env().registry_url)
+                    registry_url=RegistryConfig.from_env().registry_url,
+                    pools="ray" if executor == "ray" else "local")
     the_plan = shown.plan
     for note in shown.notes:
         click.echo(f"enginectl: note: {note}", err=True)
@@ -54,14 +61,18 @@ def plan(recipe: Path, as_json: bool, commands: bool) -> None:
 @click.option("--keep-going", is_flag=True, help="Continue independent targets after a failure.")
 @click.option("--dry-run", is_flag=True, help="Show the plan with hit/miss per stage; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@EXECUTOR
+@click.option("--address", envvar="RAY_ADDRESS", default="auto", show_default=True,
+              help="With --executor ray: auto, HOST:6379 or ray://HEAD:10001 ($RAY_ADDRESS).")
 @handle_errors
 def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bool,
-          dry_run: bool, as_json: bool) -> None:
+          dry_run: bool, as_json: bool, executor: str, address: str) -> None:
     """Run RECIPE's stage chain: reuse every stage the registry has, build the rest."""
     from pipeline.build import build_recipe, dry_run_lines, summary_lines
 
     result = build_recipe(recipe, jobs=jobs, only=only, force=force, keep_going=keep_going,
-                          dry_run=dry_run, echo=None if as_json else click.echo)
+                          dry_run=dry_run, echo=None if as_json else click.echo,
+                          run_on=executor, address=address)
     if dry_run:
         if as_json:
             echo_json(result.plan.as_dict(built=lambda key: key in result.hits))
@@ -72,10 +83,12 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
         echo_json(result.summary.as_dict())
     else:
         click.echo("\n".join(summary_lines(result)))
-    if result.summary.failed:
+    stopped = result.summary.failed + [o for o in result.summary.outcomes
+                                       if o.status == "cancelled"]  # e.g. past its timeout
+    if stopped:
         from pipeline.errors import StageError
 
-        first = result.summary.failed[0]
+        first = stopped[0]
         raise StageError(first.stage, first.key, first.error or "failed",
                          target=first.targets[0] if first.targets else None)
     smoke_failed = [o for o in result.summary.outcomes if o.status == "smoke-failed"]

@@ -71,9 +71,11 @@ class StageWorker:
 
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
                  force: bool = False, local_gpu: str | None = None,
-                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot) -> None:
+                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot,
+                 node_id: str | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.owner, self.force, self.local_gpu = owner, force, local_gpu
+        self.node_id = node_id  # the Ray node this runs on, recorded on the stage-run row
         self.stop = stop or threading.Event()
         self.gpu_slot = gpu_slot
         self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
@@ -121,9 +123,9 @@ class StageWorker:
         argv = run.make_argv(lambda key: self._input_dir(key, digests), run.workdir / "out")
         if argv is None:
             raise StageError(run.stage, run.key, "no server argv")
-        with self.ctx.registry.session() as session:  # records who smoked it, and when
-            records.try_acquire_lease(session, run.key, owner=self.owner,
-                                      host=socket.gethostname(), pid=os.getpid(), ttl_s=3600)
+        verdict = self._smoke_lease(run, entry)  # records who smoked it, and when
+        if verdict is not None:
+            return verdict
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,
@@ -146,6 +148,35 @@ class StageWorker:
         return Outcome(run.stage, run.key, "smoke-failed", run.targets, seconds=seconds,
                        digest=entry, error=f"{entry} quarantined: {report.failure}")
 
+    def _smoke_lease(self, run: StageRun, entry: str) -> Outcome | None:
+        """Take the smoke run's lease (None), or, while another builder holds it, wait for
+        its verdict and take that: ready is reused, quarantined is this run's failure too."""
+        waited = False
+        while True:
+            with self.ctx.registry.session() as session:
+                got = records.try_acquire_lease(session, run.key, owner=self.owner,
+                                                host=socket.gethostname(), pid=os.getpid(),
+                                                ttl_s=3600, node_id=self.node_id)
+            if got and not waited:
+                return None
+            if got:  # the other builder finished: its verdict, not a second smoke
+                with self.ctx.registry.session(readonly=True) as session:
+                    record = records.get_artifact(session, entry)
+                if record is not None and record.status in ("ready", "quarantined"):
+                    passed = record.status == "ready"
+                    self._release(run, "succeeded" if passed else "failed", entry,
+                                  error=None if passed else record.status_reason)
+                    if passed:
+                        return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
+                    return Outcome(run.stage, run.key, "smoke-failed", run.targets,
+                                   digest=entry, error=f"{entry} quarantined by another "
+                                   f"builder's smoke: {record.status_reason}")
+                return None  # it gave up without a verdict: smoke it here
+            if self.stop.is_set():
+                raise StageError(run.stage, run.key, "stopped while waiting for another builder")
+            waited = True
+            self.stop.wait(POLL_S)
+
     def _leased(self, run: StageRun, digests: Mapping[str, str]) -> tuple[str, bool]:
         """Run *run* under its lease, or wait for the builder holding it and reuse its
         artifact: (digest, whether this builder built it)."""
@@ -153,7 +184,8 @@ class StageWorker:
         while True:
             with self.ctx.registry.session() as session:
                 got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
-                                                pid=os.getpid(), ttl_s=LEASE_TTL_S)
+                                                pid=os.getpid(), ttl_s=LEASE_TTL_S,
+                                                node_id=self.node_id)
             if got:
                 break
             found = lookup(self.ctx, {run.key}).get(run.key)
