@@ -34,7 +34,8 @@ def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedP
                           timeout=300, check=False)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
-        lines = done.stderr.strip().splitlines()
+        lines = [line for line in done.stderr.strip().splitlines()
+                 if not line.startswith("enginectl: note: using store ")]
         assert len(lines) == 1, done.stderr
         assert lines[0].startswith("enginectl: error: "), done.stderr
         assert "Traceback" not in done.stderr
