@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from pipeline.cli import artifacts, build, maintenance  # noqa: F401 - they register
+from pipeline.cli import artifacts, build, info, maintenance  # noqa: F401 - they register
 from pipeline.cli.base import fail, is_closed_stdout, main, stdout_closed
 
 __all__ = ["entry", "main"]

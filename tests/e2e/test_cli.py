@@ -165,6 +165,7 @@ def test_shell_completion_lists_the_commands(tmp_path: Path) -> None:
     done = subprocess.run([ENGINECTL], env=env, capture_output=True, text=True, check=False,
                           timeout=60)
     assert done.returncode == 0, done.stderr
+    assert "plain,info" in done.stdout.splitlines()
     assert "plain,import" in done.stdout.splitlines()
 
 
