@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import BuildCancelledError
 from pipeline.executors.dag import selected_keys, walk
 from pipeline.executors.local import LocalExecutor
 from pipeline.executors.outcome import BuildSummary, Outcome
@@ -44,7 +45,7 @@ class BuildResult:
 def _describe(outcome: Outcome) -> str:
     mark = {"built": "built  ", "reused": "reused ", "failed": "FAILED ", "skipped": "skipped",
             "pending-smoke": "smoke? ", "waiting": "waiting",
-            "smoke-failed": "SMOKE! "}[outcome.status]
+            "smoke-failed": "SMOKE! ", "cancelled": "stopped"}[outcome.status]
     where = outcome.targets[0] + (f" (+{len(outcome.targets) - 1})" if len(outcome.targets) > 1
                                   else "")
     timing = f" {outcome.seconds:.1f}s" if outcome.status == "built" else ""
@@ -59,11 +60,20 @@ def build_recipe(
     force: bool = False,
     keep_going: bool = False,
     dry_run: bool = False,
+    keep_work: bool = False,
     echo: Echo | None = None,
+    live: bool | None = None,
     ctx: Context | None = None,
     run_on: str = "local",
     address: str = "auto",
 ) -> BuildResult:
+    """Build what *recipe* needs that the registry lacks (see the module doc).
+
+    *echo* gets one line per finished stage run; *live* (default: stdout is a terminal) shows
+    a live table instead. Published outputs leave the work directory once no later run
+    reads them, unless *keep_work*. Ctrl-C raises `BuildCancelledError` with what was kept
+    (its `summary` says which runs finished and which were cancelled). *run_on* "ray"
+    runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`)."""
     if run_on == "ray":  # a Ray cluster's pools (pipeline.fleet); Ray is imported only there
         from pipeline.fleet import build_on_ray
 
@@ -90,8 +100,8 @@ def build_recipe(
             records.record_toolchain(session, local_pool(), found.toolchain.gpu,
                                      found.toolchain.as_dict(), socket.gethostname())
         with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
-                           local_gpu=found.toolchain.gpu) as executor:
-            if echo is not None and sys.stdout.isatty():
+                           local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
+            if echo is not None and (sys.stdout.isatty() if live is None else live):
                 with LiveView(plan, keys) as view:
                     result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
                                           keep_going=keep_going, report=view.finished,
@@ -100,6 +110,11 @@ def build_recipe(
                 report = (lambda outcome: echo(_describe(outcome))) if echo else None
                 result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
                                       keep_going=keep_going, report=report)
+        if result.summary.interrupted:
+            stopped = [f"{o.stage} {short_key(o.key)} ({o.targets[0]})"
+                       for o in result.summary.outcomes if o.status == "cancelled"]
+            raise BuildCancelledError(recipe, len(result.summary.kept), stopped,
+                                      summary=result.summary)
         return result
     finally:
         ctx.close()

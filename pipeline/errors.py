@@ -5,9 +5,12 @@
     │                      file, field path, YAML line and the bad value
     ├── PlanError          a target cannot be planned (exit 2): target id and the fix
     ├── StageError         a stage run failed (exit 3): stage, key, target and the log tail
+    ├── MachineError       this machine cannot run it (exit 3): no GPU of the SKU, a runtime
+    │                      or program missing; nothing about the artifact changes
     ├── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
-    └── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
-                           SKU no node has, a pool whose nodes disagree; names the pools
+    ├── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
+    │                      SKU no node has, a pool whose nodes disagree; names the pools
+    └── BuildCancelledError  Ctrl-C stopped a build (exit 130): what was kept, how to resume
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -15,6 +18,7 @@ Each message is one line that says what failed, quotes the bad value and names t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from registry.errors import EnginectlError
 
@@ -92,3 +96,35 @@ class FleetError(EnginectlError):
         self.address = address
         self.pools = pools
         super().__init__(message)
+
+
+class MachineError(EnginectlError):
+    """An error of this machine, never of the artifact: its status stays as it was."""
+
+    exit_code = 3
+
+    def __init__(self, what: str, reason: str, fix: str) -> None:
+        self.what = what
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{what}: {reason}; {fix}")
+
+
+class BuildCancelledError(EnginectlError):
+    """Ctrl-C stopped a build; *kept* stages are published, *cancelled* ones left nothing."""
+
+    exit_code = 130
+
+    def __init__(self, recipe: Path | str, kept: int, cancelled: list[str], *,
+                 summary: Any = None) -> None:
+        self.recipe = str(recipe)
+        self.kept = kept
+        self.cancelled = cancelled
+        self.summary = summary  # the build's BuildSummary, for `--json`
+        stopped = f"cancelled {', '.join(cancelled)} (partial output removed); " \
+            if cancelled else ""
+        super().__init__(
+            f"interrupted: {stopped}kept {kept} finished stage"
+            f"{'' if kept == 1 else 's'} (published); "
+            f"rerun `enginectl build {self.recipe}` to resume from them"
+        )

@@ -3,6 +3,13 @@
 `load_recipe` is the one reader. It turns YAML syntax errors, duplicate keys and
 `pydantic.ValidationError`s into a `RecipeError` naming the file, the field path, the YAML
 line and the bad value, with a "did you mean" for misspelt keys.
+
+A recipe is a few KB. What `plan` does with one is bounded, so that it answers in well under
+a second for anything accepted (bench/README.md, `plan_speed.py`): the file is at most
+MAX_RECIPE_BYTES (PyYAML reads ~2 MB/s of dense YAML), every list has a cap (MAX_AXIS values
+per matrix axis, MAX_SHAPES shapes, MAX_FILTERS exclude or include entries, MAX_SMOKE_ITEMS
+prompts, references and prices, MAX_LEVELS concurrency levels), and the matrix makes at most
+MAX_TARGETS targets.
 """
 
 from __future__ import annotations
@@ -50,6 +57,14 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Model sizes and shapes are int32 in TensorRT-LLM; the bound also keeps the memory math finite.
 _INT32_MAX = 2**31 - 1
 _GOT_MAX = 80  # characters of a bad value quoted in a message
+
+MAX_RECIPE_BYTES = 256 * 1024
+MAX_AXIS = 16  # values of a matrix axis (the GPU catalog has fewer SKUs)
+MAX_SHAPES = 64
+MAX_FILTERS = 64  # exclude or include entries
+MAX_SMOKE_ITEMS = 64  # prompts, reference outputs, GPU prices
+MAX_LEVELS = 16  # smoke concurrency levels: each is a load run
+MAX_TARGETS = 512  # before exclude, includes added: plan keys ~2000 targets a second
 
 
 def _as_list(value: Any) -> Any:
@@ -209,18 +224,20 @@ class Shape(_Model):
         return self
 
 
+_AXIS = Field(min_length=1, max_length=MAX_AXIS)
+_SHAPES = Field(min_length=1, max_length=MAX_SHAPES)
+
+
 class MatrixFilter(_Model):
     """An `exclude` or `include` entry: each axis a value or a list of values."""
 
-    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    tp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    pp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    kv_cache_dtype: (
-        Annotated[list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)] | None
-    ) = None
-    shape: Annotated[list[str], BeforeValidator(_as_list), Field(min_length=1)] | None = None
-    runtime: Annotated[list[Runtime], BeforeValidator(_as_list), Field(min_length=1)] | None = None
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), _AXIS] | None = None
+    tp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
+    pp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
+    quant: Annotated[list[Quant], BeforeValidator(_as_list), _AXIS] | None = None
+    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list), _AXIS] | None = None
+    shape: Annotated[list[str], BeforeValidator(_as_list), _SHAPES] | None = None
+    runtime: Annotated[list[Runtime], BeforeValidator(_as_list), _AXIS] | None = None
 
     @field_validator("gpu", "tp", "pp", "quant", "kv_cache_dtype", "shape", "runtime")
     @classmethod
@@ -240,16 +257,14 @@ class MatrixFilter(_Model):
 
 
 class Matrix(_Model):
-    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), Field(min_length=1)]
-    tp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] = [1]
-    pp: Annotated[list[Count], BeforeValidator(_as_list), Field(min_length=1)] = [1]
-    quant: Annotated[list[Quant], BeforeValidator(_as_list), Field(min_length=1)] = ["bf16"]
-    kv_cache_dtype: Annotated[
-        list[KvCacheDtype], BeforeValidator(_as_list), Field(min_length=1)
-    ] = ["auto"]
-    shape: Annotated[list[Shape], BeforeValidator(_as_list), Field(min_length=1)]
-    exclude: list[MatrixFilter] = []
-    include: list[MatrixFilter] = []
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), _AXIS]
+    tp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] = [1]
+    pp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] = [1]
+    quant: Annotated[list[Quant], BeforeValidator(_as_list), _AXIS] = ["bf16"]
+    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list), _AXIS] = ["auto"]
+    shape: Annotated[list[Shape], BeforeValidator(_as_list), _SHAPES]
+    exclude: Annotated[list[MatrixFilter], Field(max_length=MAX_FILTERS)] = []
+    include: Annotated[list[MatrixFilter], Field(max_length=MAX_FILTERS)] = []
 
     @field_validator("gpu", "tp", "pp", "quant", "kv_cache_dtype")
     @classmethod
@@ -265,11 +280,26 @@ class Matrix(_Model):
     @field_validator("shape")
     @classmethod
     def _unique_shapes(cls, shapes: list[Shape]) -> list[Shape]:
-        labels = [s.label for s in shapes]
-        for label in labels:
-            if labels.count(label) > 1:
-                raise ValueError(f"two shapes are named {label!r}")
+        seen: set[str] = set()
+        for shape in shapes:
+            if shape.label in seen:
+                raise ValueError(f"two shapes are named {shape.label!r}")
+            seen.add(shape.label)
         return shapes
+
+    def size(self, runtimes: int) -> int:
+        """How many targets the matrix makes with *runtimes* runtimes, before `exclude`,
+        with what each `include` entry adds."""
+        def product(entry: MatrixFilter | None, runtime_count: int) -> int:
+            count = runtime_count
+            for name in ("gpu", "tp", "pp", "quant", "kv_cache_dtype", "shape"):
+                chosen = getattr(entry, name, None) if entry is not None else None
+                count *= len(chosen if chosen is not None else getattr(self, name))
+            return count
+
+        return product(None, runtimes) + sum(
+            product(entry, len(entry.runtime) if entry.runtime else runtimes)
+            for entry in self.include)
 
 
 class Calibration(_Model):
@@ -362,15 +392,19 @@ class Reference(_Model):
 
 class SmokeSettings(_Model):
     prompts: list[str] = Field(
-        default=["The capital of France is", "Write a haiku about GPUs."], min_length=1
+        default=["The capital of France is", "Write a haiku about GPUs."], min_length=1,
+        max_length=MAX_SMOKE_ITEMS,
     )
     max_tokens: int = Field(default=32, gt=0)
-    concurrency: Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=1)] = [1, 4, 16]
+    concurrency: Annotated[
+        list[Annotated[int, Field(gt=0)]], Field(min_length=1, max_length=MAX_LEVELS)
+    ] = [1, 4, 16]
     requests: int = Field(default=32, gt=0)
     ready_timeout_s: int = Field(default=900, gt=0)
     request_timeout_s: int = Field(default=120, gt=0)
-    gpu_price_per_hour: dict[GpuName, float] = {}
-    reference: list[Reference] = []  # exact for bf16/fp16 targets; quantized: by agreement
+    gpu_price_per_hour: Annotated[dict[GpuName, float], Field(max_length=MAX_SMOKE_ITEMS)] = {}
+    # exact for bf16/fp16 targets; quantized: by agreement
+    reference: Annotated[list[Reference], Field(max_length=MAX_SMOKE_ITEMS)] = []
     reference_agreement: float = Field(default=0.9, gt=0, le=1)
 
     @field_validator("gpu_price_per_hour")
@@ -434,6 +468,7 @@ class LoadedRecipe(BaseModel):
     source_digest: str | None  # content of a local source directory
     revision: str | None  # the commit an hf:// source is pinned or resolved to
     calibration_file: Path | None  # the calibration file, resolved and digest-checked
+    node: Any = Field(default=None, exclude=True, repr=False)  # the composed YAML, for lines
 
     @property
     def base_dir(self) -> Path:
@@ -441,7 +476,9 @@ class LoadedRecipe(BaseModel):
 
     def line_of(self, *loc: int | str) -> int | None:
         """The YAML line of the field at *loc*, e.g. `line_of("matrix", "exclude", 0)`."""
-        return _line_of(yaml.compose(self.text, Loader=yaml.SafeLoader), loc)
+        node = self.node if self.node is not None else yaml.compose(self.text,
+                                                                     Loader=yaml.SafeLoader)
+        return _line_of(node, loc)
 
     @property
     def digest(self) -> str:
@@ -459,11 +496,33 @@ def _quote(value: Any) -> str:
     return text if len(text) <= _GOT_MAX else text[: _GOT_MAX - 1] + "…"
 
 
+# libyaml's parser (PyYAML's C extension) composes ~3x faster, and skips comments ~50x
+# faster, than PyYAML's own: it reads what it can; anything it refuses, and any character
+# PyYAML's reader refuses, goes to PyYAML's own parser, which words every error message.
+_FAST_LOADER: type[yaml.SafeLoader] | None = getattr(yaml, "CSafeLoader", None)
+
+
+def _fast_node(text: str) -> tuple[Any, yaml.Node | None] | None:
+    """(loader, node) from libyaml, or None to take PyYAML's own way."""
+    if _FAST_LOADER is None or yaml.reader.Reader.NON_PRINTABLE.search(text):
+        return None
+    loader = _FAST_LOADER(text)
+    try:
+        return loader, loader.get_single_node()
+    except (yaml.YAMLError, ValueError, RecursionError):
+        loader.dispose()
+        return None
+
+
 def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
     loader = None
     try:
-        loader = yaml.SafeLoader(text)  # checks for unprintable characters already
-        node = loader.get_single_node()
+        fast = _fast_node(text)
+        if fast is not None:
+            loader, node = fast
+        else:
+            loader = yaml.SafeLoader(text)  # checks for unprintable characters already
+            node = loader.get_single_node()
         if node is None:
             return None, None
         _reject_duplicate_keys(path, node, (), set())
@@ -713,6 +772,8 @@ def _architecture(path: Path, recipe: Recipe, node: yaml.Node | None) -> Archite
 
 def parse_recipe(path: Path, text: str) -> LoadedRecipe:
     """Validate recipe *text* (read from *path*); raise RecipeError on any problem."""
+    if len(text) > MAX_RECIPE_BYTES:  # characters: never fewer than the bytes they came from
+        _too_big(path, len(text.encode("utf-8", errors="surrogatepass")))
     data, node = _compose(path, text)
     if data is None:
         raise RecipeError(path, "the recipe is empty")
@@ -722,6 +783,14 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _explain(path, node, exc) from exc
+    targets = recipe.matrix.size(len(recipe.serve.runtimes))
+    if targets > MAX_TARGETS:
+        raise RecipeError(
+            path, f"the matrix makes {targets} targets (its axes multiplied, times "
+            f"{len(recipe.serve.runtimes)} runtimes, plus the includes); the limit is "
+            f"{MAX_TARGETS}: split it into several recipes or narrow an axis",
+            field="matrix", line=_line_of(node, ("matrix",)),
+        )
     architecture = _architecture(path, recipe, node)
     source_digest = None
     if recipe.model.is_local:
@@ -742,6 +811,7 @@ def parse_recipe(path: Path, text: str) -> LoadedRecipe:
         architecture=architecture,
         source_digest=source_digest,
         calibration_file=_calibration_file(path, recipe.quantize.calibration, node),
+        node=node,
     )
 
 
@@ -795,9 +865,20 @@ def _calibration_file(
     return file
 
 
+def _too_big(path: Path, size: int | None) -> None:
+    seen = f"{size / 1024:.0f} KiB" if size is not None else "larger than that"
+    raise RecipeError(path, f"the recipe is {seen}; the limit is {MAX_RECIPE_BYTES // 1024} KiB "
+                      "(a recipe is a few KB: one model, a matrix and its settings)")
+
+
 def load_recipe(path: Path) -> LoadedRecipe:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:  # never more than the limit: a FIFO or /dev/zero too
+            raw = handle.read(MAX_RECIPE_BYTES + 1)
+            if len(raw) > MAX_RECIPE_BYTES:
+                size = path.stat().st_size if path.is_file() else None
+                _too_big(path, size)
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text
     except FileNotFoundError as exc:
         raise RecipeError(path, "no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:

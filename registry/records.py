@@ -433,7 +433,8 @@ def renew_lease(
 
 
 def release_lease(
-    session: Session, key: str, *, owner: str, status: Literal["succeeded", "failed"],
+    session: Session, key: str, *, owner: str,
+    status: Literal["succeeded", "failed", "cancelled"],
     artifact_digest: str | None = None, error: str | None = None,
     log_location: str | None = None, now: datetime | None = None,
 ) -> bool:

@@ -7,21 +7,35 @@ to that group when imported. Heavy modules are imported inside commands so that
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from pipeline.cli import artifacts, build, fleet, maintenance  # noqa: F401 - they register commands
-from pipeline.cli.base import fail, main
+from pipeline.cli import (  # noqa: F401 - they register their commands
+    artifacts,
+    build,
+    fleet,
+    info,
+    maintenance,
+)
+from pipeline.cli.base import fail, is_closed_stdout, main, stdout_closed
 
 __all__ = ["entry", "main"]
 
 
 def entry() -> None:
-    """The console script: click's own usage errors become one line and exit 2, too."""
+    """The console script: click's own usage errors become one line and exit 2, too; a
+    closed stdout (`enginectl plan … | head -n 3`) ends quietly with 0."""
     try:
         main.main(standalone_mode=False)
+        sys.stdout.flush()  # a reader gone by now is met here, not at interpreter exit
     except click.exceptions.Abort:
         fail("interrupted", 130)
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)  # usage errors know their command
         where = f"{ctx.command_path}: " if ctx is not None else ""
         fail(f"{where}{exc.format_message()} (see --help)", exc.exit_code)
+    except OSError as exc:
+        if not is_closed_stdout(exc):
+            raise
+        stdout_closed()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.base import context, echo_json, handle_errors, main, progress
+from pipeline.cli.base import MODEL, announce, context, echo_json, handle_errors, main, progress
 
 
 def _parse_shape(text: str | None) -> dict[str, int] | None:
@@ -31,7 +31,7 @@ def _parse_shape(text: str | None) -> dict[str, int] | None:
 @main.command("import")
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--kind", required=True, help="trtllm-engine, trtllm-checkpoint, vllm, …")
-@click.option("--model", required=True, help="Model name, as recipes call it.")
+@click.option("--model", required=True, type=MODEL, help="Model name, as recipes call it.")
 @click.option("--gpu", help="GPU SKU (required for engines).")
 @click.option("--quant", help="Quantization (bf16, fp8, int4_awq, …).")
 @click.option("--kv-cache-dtype", help="KV-cache dtype (auto, fp8, int8).")
@@ -51,7 +51,9 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
     spec = ImportSpec(kind=kind, model=model, gpu=gpu, quant=quant,
                       kv_cache_dtype=kv_cache_dtype, tp=tp, pp=pp,
                       shape=_parse_shape(shape_text), status="ready" if ready else "built")
-    result = import_artifact(context(), directory, spec, progress=progress())
+    ctx = context()
+    announce(ctx)
+    result = import_artifact(ctx, directory, spec, progress=progress())
     if as_json:
         echo_json({"digest": result.digest, "registered": result.registered,
                     "blobs_uploaded": result.blobs_uploaded,
@@ -63,17 +65,22 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
 
 
 @main.command("ls")
-@click.option("--model")
-@click.option("--gpu")
-@click.option("--kind")
-@click.option("--quant")
-@click.option("--status")
-@click.option("--alias")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--model", type=MODEL, help="Only this model's artifacts.")
+@click.option("--gpu", help="Only artifacts for this GPU SKU (catalog names and aliases).")
+@click.option("--kind", help="Only this kind: trtllm-engine, trtllm-checkpoint, vllm, …")
+@click.option("--quant", help="Only this quantization (bf16, fp8, int4_awq, …).")
+@click.option("--status", help="Only this status: building, built, ready, quarantined, …")
+@click.option("--alias", help="Only the artifact this alias points at.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @handle_errors
 def ls_(as_json: bool, **filters: str | None) -> None:
     """List registered artifacts."""
     from registry.inventory import ls
+    from registry.manifest import KINDS
+    from registry.models import ARTIFACT_STATUSES
+
+    _one_of("--kind", filters.get("kind"), KINDS)
+    _one_of("--status", filters.get("status"), ARTIFACT_STATUSES)
 
     if filters.get("gpu"):
         from registry.gpus import UnknownGpuError, lookup_gpu
@@ -91,6 +98,14 @@ def ls_(as_json: bool, **filters: str | None) -> None:
     from pipeline.report import artifact_table
 
     click.echo(artifact_table(rows))
+
+
+def _one_of(option: str, value: str | None, valid: tuple[str, ...]) -> None:
+    """Refuse a filter value no artifact can have, listing the valid ones."""
+    if value is not None and value not in valid:
+        from registry.errors import UsageError
+
+        raise UsageError(f"{option} {value!r} is not one of {', '.join(valid)}")
 
 
 @main.command()
@@ -123,7 +138,9 @@ def fetch(ref: str, output: Path, verify: str, force: bool, as_json: bool) -> No
     """Fetch REF (digest, 12+ hex prefix, or alias) into a directory, verified."""
     from registry.fetch import fetch as fetch_artifact
 
-    result = fetch_artifact(context(), ref, output, verify="strict" if verify == "strict"
+    ctx = context()
+    announce(ctx)
+    result = fetch_artifact(ctx, ref, output, verify="strict" if verify == "strict"
                             else "fast", force=force, progress=progress())
     if as_json:
         echo_json({"digest": str(result.manifest.digest), "path": str(result.path),
@@ -161,7 +178,7 @@ def untag(alias: str) -> None:
 
 
 @main.command()
-@click.option("--model", required=True)
+@click.option("--model", required=True, type=MODEL)
 @click.option("--gpu", required=True, help="GPU SKU, or 'auto' to read nvidia-smi.")
 @click.option("--gpus", "gpu_count", type=click.IntRange(min=1),
               help="GPUs on the node (auto: counted).")

@@ -2,20 +2,28 @@
 
 Commands live in the modules beside this one, grouped by what they act on (`build`:
 recipes and stage chains; `artifacts`: the registry and store verbs a user or deploy tool
-calls; `maintenance`: fsck, gc, reindex and the schema). Only the CLI catches errors.
-Exit codes: 0 ok, 2 bad usage or recipe, 3 a stage failed, 4 registry, store or integrity
-error, 5 smoke check failed, 1 anything unexpected (`--traceback` shows the stack).
-Heavy modules are imported inside commands so that `enginectl --help` stays fast.
+calls; `maintenance`: fsck, gc, reindex and the schema; `info`: this machine's setup). Only
+the CLI catches errors. Exit codes: 0 ok, 2 bad usage or recipe, 3 a stage failed or this
+machine cannot run it, 4 registry, store or integrity error, 5 smoke check failed, 130
+interrupted, 1 anything unexpected (`--traceback` shows the stack). A closed stdout (`| head`)
+ends a command quietly with 0. Heavy modules are imported inside commands so that
+`enginectl --help` stays fast.
+
+Every command gets `-q/--quiet` and `-v/--verbose` from the root group (`EnginectlGroup`),
+read back with `verbosity()`; `note` and `detail` print the informational lines they govern.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
@@ -23,10 +31,135 @@ from registry.errors import EnginectlError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+QUIET: Final = -1
+NORMAL: Final = 0
+VERBOSE: Final = 1
+_VERBOSITY: Final = "enginectl.verbosity"
 
-def fail(message: str, code: int) -> None:
-    click.echo(f"enginectl: error: {message}", err=True)
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr and the exit code (a closed stderr loses the line, not the code)."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(f"enginectl: error: {message}", err=True)
     sys.exit(code)
+
+
+def stdout_closed() -> NoReturn:
+    """The reader of stdout went away (`enginectl … | head`): stop quietly, status 0.
+
+    What was written is what the reader wanted. stdout is pointed at /dev/null so that the
+    interpreter's own flush at exit cannot fail a second time."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)
+
+
+def is_closed_stdout(exc: BaseException) -> bool:
+    """Whether *exc* is a write to a stdout whose reader is gone (not, say, a server that
+    closed a socket: that is the command's business)."""
+    if not isinstance(exc, OSError) or exc.errno != errno.EPIPE:
+        return False
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP)
+                   for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll, or stdout already closed
+        return True
+
+
+def verbosity() -> int:
+    """QUIET (-q), NORMAL or VERBOSE and above (-v, -vv) for the command running now."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return NORMAL
+    level: int = ctx.find_root().meta.get(_VERBOSITY, NORMAL)
+    return level
+
+
+def note(message: str) -> None:
+    """An informational line on stderr (`enginectl: note: …`); silenced by -q."""
+    if verbosity() > QUIET:
+        click.echo(f"enginectl: note: {message}", err=True)
+
+
+def detail(message: str) -> None:
+    """A line of detail on stderr, shown only with -v."""
+    if verbosity() >= VERBOSE:
+        click.echo(message, err=True)
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if not value:
+        return
+    meta = ctx.find_root().meta
+    level = QUIET if param.name == "quiet" else int(value)
+    previous = meta.get(_VERBOSITY, NORMAL)
+    if (previous < NORMAL < level) or (level < NORMAL < previous):
+        raise click.UsageError("-q/--quiet and -v/--verbose contradict each other; pick one",
+                               ctx=ctx)
+    meta[_VERBOSITY] = min(previous, level) if level < NORMAL else max(previous, level)
+
+
+def common_options() -> list[click.Option]:
+    """-q/--quiet and -v/--verbose, as every command takes them."""
+    return [
+        click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
+                     callback=_set_verbosity,
+                     help="Print only results and errors: no progress, no notes."),
+        click.Option(["-v", "--verbose"], count=True, expose_value=False,
+                     callback=_set_verbosity,
+                     help="Print more detail (log paths and tails, timings); repeatable."),
+    ]
+
+
+def _with_common_options(command: click.Command) -> click.Command:
+    names = {name for param in command.params for name in getattr(param, "opts", ())}
+    if "--quiet" not in names:
+        command.params.extend(common_options())
+    return command
+
+
+class EnginectlCommand(click.Command):
+    """A command with -q/-v."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _with_common_options(self)
+
+
+class EnginectlGroup(click.Group):
+    """A group whose commands, and groups, all take -q/-v (so no command declares them)."""
+
+    command_class = EnginectlCommand
+    group_class = type  # `@group.group()` makes an EnginectlGroup too
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _with_common_options(self)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        super().add_command(_with_common_options(cmd), name)
+
+
+class ModelName(click.ParamType[str]):
+    """`--model`: a model's name as recipes call it; never empty."""
+
+    name = "MODEL"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail(f"{text!r} is empty; give the model's name as its recipe names it "
+                      "(model.name, e.g. llama-3.3-70b-instruct)", param, ctx)
+        return text
+
+
+MODEL: Final = ModelName()
 
 
 def handle_errors(func: F) -> F:
@@ -44,11 +177,15 @@ def handle_errors(func: F) -> F:
             fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except click.exceptions.Exit:
+            raise
         except Exception as exc:  # noqa: BLE001 - the one place that catches everything
+            if is_closed_stdout(exc):
+                stdout_closed()
             if show_traceback:
                 traceback.print_exc()
-            fail(f"unexpected {type(exc).__name__}: {exc} (rerun with --traceback)", 1)
-        return None
+            fail(f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+                 "(rerun with --traceback)", 1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -60,15 +197,21 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=indent, default=str))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=EnginectlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--traceback", is_flag=True, help="Show the Python stack on errors.")
-@click.version_option(package_name="enginectl")
+@click.version_option(package_name="enginectl", help="Show enginectl's version and exit.")
 def main(traceback: bool) -> None:
     """Turn a model recipe into TensorRT-LLM engines, quantized checkpoints and vLLM
-    profiles, each proven to serve, stored by content and fetched by hash."""
+    profiles, each proven to serve, stored by content and fetched by hash.
+
+    \b
+    Examples:
+      enginectl plan recipes/llama70b-h100.yaml      # what a build would do
+      enginectl build recipes/tiny-llama-cpu.yaml    # build, publish and smoke-test
+      enginectl info                                 # where things are, what runs here
+      enginectl -q fetch llama70b/h100/prod -o /models/llama70b
+    """
     del traceback  # read through the context by handle_errors
-
-
 
 
 def context() -> Any:
@@ -78,8 +221,16 @@ def context() -> Any:
     return Context()
 
 
-def progress() -> Any:
-    """A progress bar on stderr at a terminal; nothing otherwise."""
-    from pipeline.progress import terminal_progress
+def announce(ctx: Any) -> None:
+    """One stderr line naming the store and registry a command uses (silenced by -q)."""
+    from registry.lookup import shown
 
-    return terminal_progress()
+    note(f"using store {ctx.config.store_url} and registry {shown(ctx.config.registry_url)}")
+
+
+def progress() -> Any:
+    """A progress bar on stderr at a terminal; nothing otherwise, or with -q."""
+    from pipeline.progress import terminal_progress
+    from registry.progress import NoProgress
+
+    return NoProgress() if verbosity() <= QUIET else terminal_progress()

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from pipeline.cli.base import context, echo_json, handle_errors, main
+from pipeline.cli.base import (
+    MODEL,
+    QUIET,
+    VERBOSE,
+    announce,
+    context,
+    detail,
+    echo_json,
+    handle_errors,
+    main,
+    note,
+    verbosity,
+)
+
+RECIPE = click.Path(path_type=Path, dir_okay=False)
 
 EXECUTOR = click.option(
     "--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -14,7 +29,7 @@ EXECUTOR = click.option(
 
 
 @main.command()
-@click.argument("recipe", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("recipe", type=RECIPE)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--commands", is_flag=True, help="Print the argv of every program it would run.")
 @EXECUTOR
@@ -24,7 +39,15 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
 
     Keys use the toolchain this machine's last build recorded (the builder image's versions
     when none is recorded), so "built" and "new" say what a build here would do; with
-    --executor ray, each target's Ray pool's last recorded probe (no cluster is contacted)."""
+    --executor ray, each target's Ray pool's last recorded probe (no cluster is contacted).
+
+    \b
+    Examples:
+      enginectl plan recipes/llama70b-h100.yaml
+      enginectl plan recipes/llama70b-h100.yaml --commands | head -n 3
+      enginectl plan recipes/llama8b-fleet.yaml --json | jq '.targets[].id'
+      enginectl plan recipes/llama8b-fleet.yaml --executor ray
+    """
     from pipeline.preview import preview
     from pipeline.recipe import load_recipe
     from pipeline.settings import Settings
@@ -34,8 +57,8 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
                     registry_url=RegistryConfig.from_env().registry_url,
                     pools="ray" if executor == "ray" else "local")
     the_plan = shown.plan
-    for note in shown.notes:
-        click.echo(f"enginectl: note: {note}", err=True)
+    for line in shown.notes:
+        note(line)
     if as_json:
         data = the_plan.as_dict(built=lambda key: key in shown.built)
         data["recipe"]["toolchain_source"] = shown.toolchain_source
@@ -53,26 +76,57 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
 
 
 @main.command()
-@click.argument("recipe", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("recipe", type=RECIPE)
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True,
               help="Stage runs in parallel (GPU stages never share a GPU).")
 @click.option("--only", "only", metavar="PATTERN", help="Targets whose id matches this glob.")
 @click.option("--force", is_flag=True, help="Rebuild even what the registry already has.")
 @click.option("--keep-going", is_flag=True, help="Continue independent targets after a failure.")
 @click.option("--dry-run", is_flag=True, help="Show the plan with hit/miss per stage; run nothing.")
+@click.option("--keep-work", is_flag=True,
+              help="Keep every stage's output in the work directory (by default a published "
+                   "output is removed once no later stage of the build reads it).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @EXECUTOR
 @click.option("--address", envvar="RAY_ADDRESS", default="auto", show_default=True,
               help="With --executor ray: auto, HOST:6379 or ray://HEAD:10001 ($RAY_ADDRESS).")
 @handle_errors
 def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bool,
-          dry_run: bool, as_json: bool, executor: str, address: str) -> None:
-    """Run RECIPE's stage chain: reuse every stage the registry has, build the rest."""
-    from pipeline.build import build_recipe, dry_run_lines, summary_lines
+          dry_run: bool, keep_work: bool, as_json: bool, executor: str,
+          address: str) -> None:
+    """Run RECIPE's stage chain: reuse every stage the registry has, build the rest,
+    publish each output, and smoke-serve what this machine can serve.
 
-    result = build_recipe(recipe, jobs=jobs, only=only, force=force, keep_going=keep_going,
-                          dry_run=dry_run, echo=None if as_json else click.echo,
-                          run_on=executor, address=address)
+    Ctrl-C stops the running stages (recorded `cancelled`, partial output removed) and
+    exits 130; the stages that finished are published, so a re-run resumes from them.
+
+    \b
+    Examples:
+      enginectl build recipes/tiny-llama-cpu.yaml
+      enginectl build recipes/llama70b-h100.yaml --jobs 4 --only 'H100*/tp8/*'
+      enginectl build RECIPE --dry-run            # hit or miss for every stage
+      enginectl -q build RECIPE --json            # the summary alone, for machines
+      enginectl build recipes/llama8b-fleet.yaml --executor ray --address ray://head:10001
+    """
+    import sys
+
+    from pipeline.build import build_recipe, dry_run_lines, summary_lines
+    from pipeline.errors import BuildCancelledError
+    from registry.context import Context
+
+    ctx = Context()
+    announce(ctx)
+    quiet = verbosity() <= QUIET
+    echo = None if as_json or quiet else click.echo
+    try:
+        result = build_recipe(recipe, jobs=jobs, only=only, force=force, keep_going=keep_going,
+                              dry_run=dry_run, keep_work=keep_work, echo=echo,
+                              live=sys.stdout.isatty() and not quiet, ctx=ctx,
+                              run_on=executor, address=address)
+    except BuildCancelledError as exc:
+        if as_json and exc.summary is not None:
+            echo_json(exc.summary.as_dict())
+        raise
     if dry_run:
         if as_json:
             echo_json(result.plan.as_dict(built=lambda key: key in result.hits))
@@ -83,6 +137,8 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
         echo_json(result.summary.as_dict())
     else:
         click.echo("\n".join(summary_lines(result)))
+    if verbosity() >= VERBOSE:
+        _details(result.plan, result.summary)
     stopped = result.summary.failed + [o for o in result.summary.outcomes
                                        if o.status == "cancelled"]  # e.g. past its timeout
     if stopped:
@@ -98,19 +154,38 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
         raise SmokeError(smoke_failed[0].digest or "?", smoke_failed[0].error or "failed")
 
 
+def _details(plan: Any, summary: Any) -> None:
+    """-v: where each run's log is, how long it took, and the tail of each failed run's."""
+    from pipeline.executors.runner import log_tail
+
+    for outcome in summary.outcomes:
+        run = plan.stages.get(outcome.key)
+        if run is None or outcome.status in ("reused", "skipped"):
+            continue
+        log = run.workdir / f"{run.stage}.log"
+        detail(f"{outcome.status:<13} {run.stage:<8} {outcome.seconds:7.1f}s  log {log}")
+        if outcome.status in ("failed", "smoke-failed") and log.is_file():
+            detail("\n".join(f"    | {line}" for line in log_tail(log, 20).splitlines()))
+
+
 @main.command()
-@click.option("--model", required=True)
+@click.option("--model", required=True, type=MODEL, help="The model, as recipes name it.")
 @click.option("--gpu", help="Only engines for this GPU SKU (checkpoints and vLLM always show).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write a self-contained HTML page with a throughput chart.")
 @handle_errors
 def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) -> None:
     """Side by side: tokens/s, TTFT, $/1M tokens, cold start, build time and size of each
-    ready artifact of a model, from its latest passing smoke report."""
+    ready artifact of a model, from its latest passing smoke report.
+
+    \b
+    Examples:
+      enginectl compare --model llama-3.3-70b-instruct --gpu h100
+      enginectl compare --model tiny-llama --html compare.html
+    """
     from pipeline.compare import compare as compare_artifacts
     from pipeline.compare import render_table, write_html
-
     comparison = compare_artifacts(context(), model, gpu)
     if as_json:
         echo_json(comparison.as_dict())
@@ -123,10 +198,21 @@ def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) 
 
 @main.command()
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the smoke report as JSON.")
 @handle_errors
 def smoke(ref: str, as_json: bool) -> None:
-    """Smoke-serve REF here with its real server; record the report; ready or quarantined."""
+    """Smoke-serve REF here with its real server; record the report; ready or quarantined.
+
+    A pass makes REF `ready`, also after a quarantine (how a wrong one is cleared); a
+    failed check quarantines it (exit 5). When this machine cannot serve it (no GPU of its
+    SKU, vLLM's Python without vllm, no trtllm-serve) nothing is recorded, its status stays,
+    and the reason is printed (exit 3).
+
+    \b
+    Examples:
+      enginectl smoke 9f86d081884c
+      enginectl smoke llama70b/h100/prod --json
+    """
     from pipeline.stages.smoke import smoke_artifact
 
     digest, report = smoke_artifact(ref)
@@ -140,6 +226,7 @@ def smoke(ref: str, as_json: bool) -> None:
                        f"TTFT p50 {level.ttft_p50_s}  p95 {level.ttft_p95_s}  "
                        f"errors {level.errors}")
         click.echo(f"{digest}: {'ready' if report.passed else 'quarantined'}")
+    detail(f"server log {report.log_path}")
     if not report.passed:
         from pipeline.errors import SmokeError
 
@@ -147,10 +234,16 @@ def smoke(ref: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the fingerprint as JSON.")
 @handle_errors
 def toolchain(as_json: bool) -> None:
-    """Print this machine's toolchain fingerprint (GPU, driver, CUDA, TensorRT, TRT-LLM, …)."""
+    """Print this machine's toolchain fingerprint (GPU, driver, CUDA, TensorRT, TRT-LLM, …).
+
+    \b
+    Examples:
+      enginectl toolchain
+      enginectl toolchain --json
+    """
     import os
 
     from pipeline.settings import Settings

@@ -7,8 +7,10 @@ For each stage run, in an order where inputs come first:
   submit   its inputs are done and the backend has room: hand it to the backend, which runs
            it (see `pipeline.executors.stage`) and answers with its Outcome
 
-A failure stops the walk unless `keep_going`; Ctrl-C (any exception here) stops the backend,
-which stops every child it started, before it propagates.
+A failure stops the walk unless `keep_going`. Ctrl-C stops the backend (every child it
+started; the runs in flight end `cancelled`), collects their outcomes and returns the summary
+marked `interrupted`: what finished is published and kept, and a re-run resumes from it. Any
+other exception stops the backend the same way before it propagates.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def walk(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,
                    started=started or (lambda _run: None))
     try:
         walker.run(keys)
+    except KeyboardInterrupt:
+        backend.stop()
+        walker.drain()
     except BaseException:
         backend.stop()
         raise
@@ -84,12 +89,14 @@ class _Walk:
         self.done: set[str] = set()
         self.blocked: set[str] = set()
         self.stopping = False
+        self.wanted: set[str] = set()
 
     def finish(self, outcome: Outcome) -> None:
         self.summary.outcomes.append(outcome)
         self.report(outcome)
 
     def run(self, keys: set[str]) -> None:
+        self.wanted = keys
         if self.hits:
             with self.ctx.registry.session(readonly=True) as session:
                 self.previous = records.get_stage_runs(session, set(self.hits))
@@ -109,6 +116,24 @@ class _Walk:
             finished, _ = wait(self.running, return_when=FIRST_COMPLETED)
             for future in finished:
                 self.collect(self.running.pop(future), future.result())
+
+    def drain(self) -> None:
+        """After Ctrl-C: collect the runs in flight (the backend has stopped them) and mark
+        the rest as never started."""
+        self.summary.interrupted = True
+        self.stopping = True
+        for future, key in list(self.running.items()):
+            run = self.plan.stages[key]
+            try:
+                outcome = future.result()
+            except Exception as exc:  # noqa: BLE001 - a run that broke while being stopped
+                outcome = Outcome(run.stage, key, "cancelled", run.targets, error=str(exc))
+            self.collect(key, outcome)
+        self.running.clear()
+        finished = {o.key for o in self.summary.outcomes}
+        for key, run in self.plan.stages.items():
+            if key in self.wanted and key not in finished:
+                self.finish(Outcome(run.stage, key, "skipped", run.targets, error="stopped"))
 
     def schedule(self, key: str) -> bool:
         """Settle or start *key* if it can be now; False when it must wait."""

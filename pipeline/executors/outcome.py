@@ -31,6 +31,14 @@ class Outcome:
 @dataclass
 class BuildSummary:
     outcomes: list[Outcome] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C stopped the build: what finished is kept
+
+    @property
+    def kept(self) -> list[Outcome]:
+        """Runs that finished, their artifact in the store and registry (built, reused, or
+        awaiting or past its smoke run)."""
+        return [o for o in self.outcomes
+                if o.status in ("built", "reused", "pending-smoke", "smoke-failed")]
 
     def count(self, status: Status) -> int:
         return sum(1 for o in self.outcomes if o.status == status)
@@ -46,6 +54,7 @@ class BuildSummary:
             "pending_smoke": self.count("pending-smoke"),
             "smoke_failed": self.count("smoke-failed"),
             "cancelled": self.count("cancelled"),
+            "interrupted": self.interrupted,
             "saved_seconds": round(sum(o.saved_seconds for o in self.outcomes), 3),
             "stages": [o.as_dict() for o in self.outcomes],
         }

@@ -165,6 +165,8 @@ def run_stage(spec: TaskSpec) -> Outcome:
     except BaseException:
         _stop_children()
         raise
+    finally:  # later runs fetch it through this node's cache: the work copy can go now
+        worker.workdirs.close()
     outcome.node = node
     outcome.seconds = outcome.seconds or time.monotonic() - started
     return outcome

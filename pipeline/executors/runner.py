@@ -2,8 +2,10 @@
 
 argv lists only (never a shell string), each child in its own process group (so a timeout
 or Ctrl-C stops the whole tree), stdout and stderr appended to one log file, and a timeout
-per call. This is the seam where tests put small real programs that honour a tool's CLI:
-they are found on PATH (or through ENGINECTL_* locations) like the real ones.
+per call. On Linux every child runs under `pipeline.executors.guard`, so that it dies with
+this process even when this process is killed with SIGKILL (a builder's child must never
+outlive its lease). This is the seam where tests put small real programs that honour a
+tool's CLI: they are found on PATH (or through ENGINECTL_* locations) like the real ones.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -20,6 +23,10 @@ from pathlib import Path
 from typing import Final
 
 TERMINATE_GRACE_S: Final = 10.0
+CANCEL_GRACE_S: Final = 0.5
+"""Ctrl-C: its output is discarded anyway, so SIGKILL follows SIGTERM quickly."""
+GUARD: Final = Path(__file__).resolve().with_name("guard.py")
+GUARDED: Final = sys.platform.startswith("linux")  # PR_SET_PDEATHSIG is Linux's
 
 _live: set[subprocess.Popen[bytes]] = set()
 _live_lock = threading.Lock()
@@ -50,23 +57,34 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, then SIGKILL what is left after a grace period."""
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERM the child's process group, then SIGKILL what is left after *grace_s*."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(TERMINATE_GRACE_S)
+        proc.wait(grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-def stop_all() -> None:
-    """Stop every running child (Ctrl-C, or the executor giving up)."""
+def stop_all(grace_s: float = TERMINATE_GRACE_S) -> None:
+    """Stop every running child (Ctrl-C, or the executor giving up): SIGTERM each group,
+    SIGKILL after *grace_s*."""
     with _live_lock:
         running = list(_live)
     for proc in running:
-        _stop_group(proc)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in running:
+        _stop_group(proc, grace_s)
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """*argv* run under the guard (see `pipeline.executors.guard`) where Linux offers it."""
+    if not GUARDED:
+        return argv
+    return [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *argv]
 
 
 def run_process(
@@ -87,7 +105,7 @@ def run_process(
         log.flush()
         try:
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                guarded(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=cwd, env=None if env is None else dict(env), start_new_session=True,
             )
         except OSError as exc:

@@ -9,13 +9,20 @@
              (stored as a blob)
 
 A smoke run serves the entry or engine with its real server: `ready` on a pass, `quarantined`
-on a failure, or left `built` with the reason when this machine lacks its GPU or runtime.
+on a failure, or left `built` with the reason when this machine lacks its GPU or runtime
+(checked before the server starts, and read from a server that dies because its runtime is
+missing: an error of this machine is never blamed on the artifact).
+
+Ctrl-C (`cancel`): the run's children are stopped, its lease is released `cancelled`, its
+partial output is removed and nothing of it is published. A published output leaves the work
+directory once no later run of the build reads it (`pipeline.executors.workdirs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import threading
 import time
@@ -26,6 +33,7 @@ from typing import Final, Literal
 
 from pipeline.errors import StageError
 from pipeline.executors.outcome import Outcome
+from pipeline.executors.workdirs import WorkDirs
 from pipeline.plan import Plan, StageRun
 from pipeline.settings import Settings
 from pipeline.stages.work import StageJob, run_stage
@@ -35,8 +43,8 @@ from registry.digest import digest_file
 from registry.fetch import fetch_manifest, load_manifest
 from registry.publish import publish
 
-LEASE_TTL_S: Final = float(os.environ.get("ENGINECTL_LEASE_TTL_S", "120"))
-POLL_S: Final = min(5.0, LEASE_TTL_S / 4)
+RunStatus = Literal["succeeded", "failed", "cancelled"]
+CANCELLED: Final = "cancelled by Ctrl-C; its partial output was removed"
 
 GpuSlot = Callable[[str | None], AbstractContextManager[None]]
 """Holds the GPU of a SKU while a stage runs on it (the local executor's lock per SKU)."""
@@ -72,25 +80,34 @@ class StageWorker:
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
                  force: bool = False, local_gpu: str | None = None,
                  stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot,
-                 node_id: str | None = None) -> None:
+                 keep_work: bool = False, node_id: str | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.owner, self.force, self.local_gpu = owner, force, local_gpu
         self.node_id = node_id  # the Ray node this runs on, recorded on the stage-run row
         self.stop = stop or threading.Event()
+        self.cancel = threading.Event()
+        """Set on Ctrl-C (after `stop`): runs in flight end `cancelled`, not `failed`."""
         self.gpu_slot = gpu_slot
-        self.outputs: dict[str, Path] = {}  # key -> a local directory holding its files
-        self._outputs_lock = threading.Lock()
+        self.workdirs = WorkDirs(plan, ctx.store, keep=keep_work)
+        self.lease_ttl_s = settings.lease_ttl_s
+        self.poll_s = min(5.0, self.lease_ttl_s / 4)
 
     def run(self, run: StageRun, digests: Mapping[str, str]) -> Outcome:
         """Run *run* whose inputs' artifacts are *digests* (input key -> digest)."""
         started = time.monotonic()
-        if run.stage == "smoke":
-            return self._smoke(run, digests, started)
         try:
+            if self.cancel.is_set():
+                return Outcome(run.stage, run.key, "cancelled", run.targets, error=CANCELLED)
+            if run.stage == "smoke":
+                return self._smoke(run, digests, started)
             digest, built = self._leased(run, digests)
         except StageError as exc:
-            return Outcome(run.stage, run.key, "failed", run.targets,
-                           seconds=time.monotonic() - started, error=str(exc))
+            cancelled = self.cancel.is_set()
+            return Outcome(run.stage, run.key, "cancelled" if cancelled else "failed",
+                           run.targets, seconds=time.monotonic() - started,
+                           error=CANCELLED if cancelled else str(exc))
+        finally:
+            self.workdirs.finished(run)
         if not built:  # another builder made it while we waited for its lease
             with self.ctx.registry.session(readonly=True) as session:
                 record = records.get_artifact(session, digest)
@@ -100,7 +117,7 @@ class StageWorker:
                        seconds=time.monotonic() - started)
 
     def _smoke(self, run: StageRun, digests: Mapping[str, str], started: float) -> Outcome:
-        from pipeline.stages.smoke import run_smoke, unavailable
+        from pipeline.stages.smoke import unavailable
 
         entry = digests[run.inputs[0]]
         with self.ctx.registry.session(readonly=True) as session:
@@ -111,21 +128,23 @@ class StageWorker:
             return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
         reason = unavailable(run, self.settings, self.local_gpu)
         if reason is not None:
-            why = f"awaits smoke: {reason}"
-            if record is not None and record.status == "built" and record.status_reason != why:
-                with self.ctx.registry.session() as session:  # shown by ls and show
-                    records.set_status(session, entry, "built", why)
-            return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
-                           error=f"stays built: {reason}; run `enginectl smoke {entry}` "
-                                 f"on a {run.gpu} node")
-        target = self.plan.target(run.targets[0])
-        recipe = self.plan.loaded.recipe
-        argv = run.make_argv(lambda key: self._input_dir(key, digests), run.workdir / "out")
+            return self._awaits_smoke(run, entry, record, reason)
+        served = self._served_digests(run, digests)
+        argv = run.make_argv(lambda key: self._input_dir(key, served), run.workdir / "out")
         if argv is None:
             raise StageError(run.stage, run.key, "no server argv")
         verdict = self._smoke_lease(run, entry)  # records who smoked it, and when
         if verdict is not None:
             return verdict
+        return self._judge(run, entry, record, argv, started)
+
+    def _judge(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
+               argv: list[str], started: float) -> Outcome:
+        """Serve *entry* with *argv* under the smoke run's lease, and record the verdict."""
+        from pipeline.stages.smoke import machine_fault, run_smoke
+
+        target = self.plan.target(run.targets[0])
+        recipe = self.plan.loaded.recipe
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,
@@ -135,6 +154,14 @@ class StageWorker:
             threshold=None if target.quant in ("bf16", "fp16")
             else recipe.smoke.reference_agreement,
         )
+        if self.cancel.is_set():  # the server was stopped under it: no evidence either way
+            self._release(run, "cancelled", None, error=CANCELLED)
+            return Outcome(run.stage, run.key, "cancelled", run.targets, digest=entry,
+                           error=CANCELLED)
+        fault = machine_fault(report)
+        if fault is not None:  # the server died for want of its runtime, not the artifact
+            self._release(run, "failed", None, error=fault)
+            return self._awaits_smoke(run, entry, record, fault)
         with self.ctx.registry.session() as session:
             records.add_smoke_report(session, entry, report.passed, report.as_dict())
             records.set_status(session, entry, "ready" if report.passed else "quarantined",
@@ -175,7 +202,7 @@ class StageWorker:
             if self.stop.is_set():
                 raise StageError(run.stage, run.key, "stopped while waiting for another builder")
             waited = True
-            self.stop.wait(POLL_S)
+            self.stop.wait(self.poll_s)
 
     def _leased(self, run: StageRun, digests: Mapping[str, str]) -> tuple[str, bool]:
         """Run *run* under its lease, or wait for the builder holding it and reuse its
@@ -184,7 +211,7 @@ class StageWorker:
         while True:
             with self.ctx.registry.session() as session:
                 got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
-                                                pid=os.getpid(), ttl_s=LEASE_TTL_S,
+                                                pid=os.getpid(), ttl_s=self.lease_ttl_s,
                                                 node_id=self.node_id)
             if got:
                 break
@@ -193,23 +220,54 @@ class StageWorker:
                 return found.digest, False
             if self.stop.is_set():
                 raise StageError(run.stage, run.key, "stopped while waiting for another builder")
-            self.stop.wait(POLL_S)  # another builder holds the lease: poll until it finishes
+            self.stop.wait(self.poll_s)  # another builder holds the lease: poll until it ends
         found = None if self.force else lookup(self.ctx, {run.key}).get(run.key)
         if found is not None:  # it finished between our lookup and the lease
             self._release(run, "succeeded", found.digest)
             return found.digest, False
-        renewer = _Renewer(self.ctx, run.key, self.owner)
+        renewer = _Renewer(self.ctx, run.key, self.owner, self.lease_ttl_s)
         try:
             digest = self._build(run, digests)
         except BaseException as exc:
             renewer.stop()
-            self._release(run, "failed", None, error=str(exc)[:2000])
+            if self.cancel.is_set():
+                self._release(run, "cancelled", None, error=CANCELLED)
+                _remove_partial(run)
+            else:
+                self._release(run, "failed", None, error=str(exc)[:2000])
             raise
         renewer.stop()
         self._release(run, "succeeded", digest)
         return digest, True
 
-    def _release(self, run: StageRun, status: Literal["succeeded", "failed"],
+    def abandon(self, run: StageRun) -> None:
+        """Ctrl-C found *run* still busy in this process (a download, an upload): release
+        its lease `cancelled` now; the thread is dropped with the process."""
+        self._release(run, "cancelled", None, error="interrupted while it ran in-process")
+
+    def _awaits_smoke(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
+                      reason: str) -> Outcome:
+        """This machine cannot smoke *run*: the entry stays as it is, with the reason."""
+        why = f"awaits smoke: {reason}"
+        if record is not None and record.status == "built" and record.status_reason != why:
+            with self.ctx.registry.session() as session:  # shown by ls and show
+                records.set_status(session, entry, "built", why)
+        return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
+                       error=f"stays built: {reason}; run `enginectl smoke {entry}` "
+                             f"on a {run.gpu} node")
+
+    def _served_digests(self, run: StageRun, digests: Mapping[str, str]) -> dict[str, str]:
+        """*digests* plus what the smoke server reads beyond the entry: the checkpoint the
+        entry was made from (its manifest's input), even when both were reused."""
+        served = dict(digests)
+        entry_run = self.plan.stages.get(run.inputs[0])
+        if entry_run is not None and entry_run.inputs and entry_run.inputs[0] not in served:
+            inputs = load_manifest(self.ctx, digests[run.inputs[0]]).inputs
+            if inputs:
+                served[entry_run.inputs[0]] = inputs[0]
+        return served
+
+    def _release(self, run: StageRun, status: RunStatus,
                  digest: str | None, error: str | None = None) -> None:
         with self.ctx.registry.session() as session:
             records.release_lease(session, run.key, owner=self.owner, status=status,
@@ -231,16 +289,15 @@ class StageWorker:
     def _input_dir(self, key: str, digests: Mapping[str, str]) -> Path:
         """A local directory with the files of input *key*: this process's output, or a
         fetch from the store (through the cache, so it is free the second time)."""
-        with self._outputs_lock:
-            if key in self.outputs:
-                return self.outputs[key]
+        found = self.workdirs.get(key)
+        if found is not None and found.is_dir():
+            return found
         digest = digests[key]
         target = self.settings.work_dir / "inputs" / digest.removeprefix("sha256:")[:16]
         if not target.is_dir():
             fetch_manifest(self.ctx.store, load_manifest(self.ctx, digest), target,
                            cache=self.ctx.cache)
-        with self._outputs_lock:
-            self.outputs[key] = target
+        self.workdirs.fetched(key, target)
         return target
 
     def _build(self, run: StageRun, digests: Mapping[str, str]) -> str:
@@ -258,24 +315,29 @@ class StageWorker:
             inputs=job.input_digests, serve=result.serve,
             recipe_digest=self.plan.loaded.digest,
         )
-        with self._outputs_lock:
-            self.outputs[run.key] = result.directory
+        self.workdirs.published(run, result.directory, published.manifest)
         return published.digest
 
 
 class _Renewer:
     """Keeps a lease alive while its stage runs (a thread renewing at a third of the TTL)."""
 
-    def __init__(self, ctx: Context, key: str, owner: str) -> None:
+    def __init__(self, ctx: Context, key: str, owner: str, ttl_s: float) -> None:
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(ctx, key, owner), daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(ctx, key, owner, ttl_s),
+                                        daemon=True)
         self._thread.start()
 
-    def _loop(self, ctx: Context, key: str, owner: str) -> None:
-        while not self._done.wait(LEASE_TTL_S / 3):
+    def _loop(self, ctx: Context, key: str, owner: str, ttl_s: float) -> None:
+        while not self._done.wait(ttl_s / 3):
             with ctx.registry.session() as session:
-                records.renew_lease(session, key, owner=owner, ttl_s=LEASE_TTL_S)
+                records.renew_lease(session, key, owner=owner, ttl_s=ttl_s)
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join()
+
+
+def _remove_partial(run: StageRun) -> None:
+    """What a cancelled run wrote (never a local source: snapshots of those write nothing)."""
+    shutil.rmtree(run.workdir / "out", ignore_errors=True)

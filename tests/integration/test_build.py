@@ -6,8 +6,10 @@ and write the files the real tools write); everything else is the product.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import yaml
 from registry.db import open_registry
 from registry.records import get_stage_run, list_artifacts
 from tests.integration.s3server import S3Server
+from tests.integration.test_runner import wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
@@ -117,7 +120,8 @@ def test_a_failing_stage_exits_3_with_its_log_and_publishes_nothing(
     recipe = write_recipe(tmp_path)
     failing = {**env, "FAKE_TRTLLM_FAIL": "out of memory while building layer 7"}
     done = build(failing, recipe, code=3)
-    line = done.stderr.strip().splitlines()
+    note, *line = done.stderr.strip().splitlines()
+    assert note.startswith("enginectl: note: using store ")
     assert len(line) == 1
     assert line[0].startswith("enginectl: error: build ")
     assert "out of memory while building layer 7" in line[0]
@@ -186,82 +190,209 @@ def test_two_builders_run_every_key_once(env: dict[str, str], tmp_path: Path,
         assert len(list_artifacts(session)) == 6
 
 
-def test_a_killed_builders_lease_expires_and_is_taken_over(
-    env: dict[str, str], tmp_path: Path
-) -> None:
-    recipe = write_recipe(tmp_path)
-    env = {**env, "ENGINECTL_LEASE_TTL_S": "3"}
-    pidfile = tmp_path / "trtllm-build.pid"
-    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
-    first = subprocess.Popen([ENGINECTL, "build", str(recipe), "--only", "*/small/trtllm"],
-                             env=hanging, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not pidfile.exists():  # the builder holds the engine's lease once its tool runs
-        assert first.poll() is None, "the first builder exited early"
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
-    # The tool runs in its own process group, so it outlives the killed builder (as a real
-    # trtllm-build would): stop it when the test is done, not to leak a process per run.
-    orphan = int(pidfile.read_text())
-    try:
-        second = json.loads(build(env, recipe, "--json", "--only", "*/small/trtllm").stdout)
-        assert second["built"] == 1  # the engine; snapshot and convert were published before
-        assert second["failed"] == 0
-    finally:
-        os.kill(orphan, signal.SIGKILL)
+SMALL_ENGINE = "*/small/trtllm"
+LEASE_TTL_S = 3.0
 
 
-def test_ctrl_c_stops_the_tool_and_releases_the_lease(
-    env: dict[str, str], tmp_path: Path, registry_url: str
-) -> None:
-    recipe = write_recipe(tmp_path)
-    pidfile = tmp_path / "trtllm-build.pid"
-    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
-    proc = subprocess.Popen([ENGINECTL, "build", str(recipe), "--only", "*/small/trtllm"],
-                            env=hanging, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def start(env: dict[str, str], recipe: Path, *args: str) -> subprocess.Popen[str]:
+    """A builder in a session of its own (so that killpg reaches it and nothing else)."""
+    return subprocess.Popen([ENGINECTL, "build", str(recipe), *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def wait_for_pidfile(proc: subprocess.Popen[str], pidfile: Path) -> int:
+    """The pid the hanging trtllm-build stand-in writes once it runs (its builder holds the
+    engine's lease by then)."""
     deadline = time.monotonic() + 300
-    while not pidfile.exists():
+    while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    return int(pidfile.read_text())
+
+
+def waiting_for_the_engine(proc: subprocess.Popen[str]) -> None:
+    """Read a builder's lines until it has reused the convert run: it is then at the engine,
+    whose lease another builder holds."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("reused  convert"):
+            return
+    raise AssertionError(f"the second builder ended first: {proc.communicate()}")
+
+
+def counts(stdout: str) -> dict[str, int]:
+    """{"built": N, "reused": N, ...} from a build's summary line."""
+    found = re.search(r"^built (\d+), reused (\d+), failed (\d+), skipped (\d+);", stdout,
+                      re.MULTILINE)
+    assert found is not None, stdout
+    return dict(zip(("built", "reused", "failed", "skipped"), map(int, found.groups()),
+                    strict=True))
+
+
+def test_a_killed_builders_lease_expires_and_is_taken_over(
+    env: dict[str, str], tmp_path: Path, registry_url: str
+) -> None:
+    """A builder killed with `kill -9` while a second one waits for its lease: its
+    trtllm-build dies with it (no orphan building beside the next one), the lease expires
+    and the waiting builder takes it over and builds the engine once."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": str(LEASE_TTL_S)}
+    pidfile = tmp_path / "trtllm-build.pid"
+    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    first = start(hanging, recipe, "--only", SMALL_ENGINE)
+    tool = wait_for_pidfile(first, pidfile)
+    second = start(env, recipe, "--only", SMALL_ENGINE)
+    waiting_for_the_engine(second)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate()
+    try:
+        assert wait_gone(tool), "the killed builder's trtllm-build is still running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tool, signal.SIGKILL)
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    assert counts(out)["built"] == 1  # the engine; snapshot and convert were published before
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        assert len(list_artifacts(session, kind="trtllm-engine")) == 1
+
+
+def test_a_lease_held_past_its_ttl_is_renewed_and_the_key_built_once(
+    env: dict[str, str], tmp_path: Path, registry_url: str
+) -> None:
+    """The engine's stage outlives the lease TTL several times while a second builder waits:
+    the holder's renewals keep the lease, so the waiting builder never takes it over; it
+    reuses the engine once the holder publishes it."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": str(LEASE_TTL_S)}
+    fifo = tmp_path / "release-the-build"
+    os.mkfifo(fifo)
+    pidfile = tmp_path / "trtllm-build.pid"
+    holding = {**env, "FAKE_TRTLLM_WAIT_FIFO": str(fifo), "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    first = start(holding, recipe, "--only", SMALL_ENGINE)
+    wait_for_pidfile(first, pidfile)
+    second = start(env, recipe, "--only", SMALL_ENGINE)
+    waiting_for_the_engine(second)
+    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only", SMALL_ENGINE).stdout)
+    engine = next(s["key"] for s in plan["stages"] if s["kind"] == "trtllm-engine")
+    deadline = time.monotonic() + 300
+    with open_registry(registry_url) as registry:
+        while True:  # until the lease has been renewed to more than 3 TTLs past its start
+            with registry.session(readonly=True) as session:
+                lease = get_stage_run(session, engine)
+            assert lease is not None
+            assert lease.status == "running"
+            assert lease.lease_expires_at is not None
+            held = (lease.lease_expires_at - lease.started_at).total_seconds()
+            if held > 3 * LEASE_TTL_S:
+                break
+            assert first.poll() is None
+            assert second.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    with fifo.open("wb") as release:
+        release.write(b"go")
+    out_first, err_first = first.communicate(timeout=600)
+    out_second, err_second = second.communicate(timeout=600)
+    assert (first.returncode, second.returncode) == (0, 0), (err_first, err_second)
+    assert counts(out_first)["built"] == 3  # snapshot, convert and the engine
+    assert counts(out_second) == {"built": 0, "reused": 3, "failed": 0, "skipped": 0}
+    assert any(line.startswith("reused  build") for line in out_second.splitlines())
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        assert len(list_artifacts(session, kind="trtllm-engine")) == 1
+
+
+def test_ctrl_c_stops_the_tool_and_records_the_run_cancelled(
+    env: dict[str, str], tmp_path: Path, registry_url: str
+) -> None:
+    """Ctrl-C (SIGINT to the builder's process group, as a terminal sends it) during the
+    engine build: the tool is stopped, the run is recorded `cancelled`, its partial engine is
+    removed, one line says what was kept, exit 130; a re-run resumes from what was kept."""
+    recipe = write_recipe(tmp_path)
+    pidfile = tmp_path / "trtllm-build.pid"
+    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    proc = start(hanging, recipe, "--only", SMALL_ENGINE)
+    tool = wait_for_pidfile(proc, pidfile)
+    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only",
+                            SMALL_ENGINE).stdout)
+    engine = next(s for s in plan["stages"] if s["kind"] == "trtllm-engine")
+    partial = Path(engine["workdir"]) / "out"
+    assert (partial / "rank0.engine").is_file()  # what the stand-in wrote before it hung
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
-    tool = int(pidfile.read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(tool, 0)
+    lines = [line for line in stderr.splitlines() if not line.startswith("enginectl: note:")]
+    assert lines == [(
+        f"enginectl: error: interrupted: cancelled build {engine['key'][3:15]} "
+        f"({engine['targets'][0]}) (partial output removed); kept 2 finished stages "
+        f"(published); rerun `enginectl build {recipe}` to resume from them"
+    )], stderr
+    assert "stopped build" in stdout
+    assert wait_gone(tool)
+    assert not partial.exists()
+    assert (Path(engine["workdir"]) / "build.log").is_file()  # the log stays
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
         assert list_artifacts(session, kind="trtllm-engine") == []
-        engine_keys = [a for a in list_artifacts(session) if a.kind == "converted-checkpoint"]
-        assert engine_keys  # upstream work was kept
-    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only",
-                            "*/small/trtllm").stdout)
-    engine = next(s for s in plan["stages"] if s["kind"] == "trtllm-engine")
-    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        assert list_artifacts(session, kind="converted-checkpoint")  # upstream work was kept
         lease = get_stage_run(session, engine["key"])
     assert lease is not None
-    assert lease.status == "failed"
+    assert lease.status == "cancelled"
+    resumed = json.loads(build(env, recipe, "--json", "--only", SMALL_ENGINE).stdout)
+    assert {s["stage"]: s["status"] for s in resumed["stages"]} == {
+        "snapshot": "reused", "convert": "reused", "build": "built", "smoke": "pending-smoke"}
+
+
+def smoke(env: dict[str, str], ref: str, *args: str,
+          code: int = 0) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([ENGINECTL, "smoke", ref, *args], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == code, (done.stdout, done.stderr)
+    if code:
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("enginectl: error: ")
+    return done
+
+
+def status_of(registry_url: str, digest: str) -> str:
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        (artifact,) = [a for a in list_artifacts(session) if a.digest == digest]
+    return artifact.status
 
 
 def test_an_engine_is_smoke_served_with_trtllm_serve_and_becomes_ready(
     env: dict[str, str], tmp_path: Path, registry_url: str
 ) -> None:
-    """No H100 here, so build leaves the engine built; `enginectl smoke` then serves it with
-    the argv its manifest records, through the trtllm-serve stand-in (which accepts exactly
-    trtllm-serve's options and serves the OpenAI routes)."""
+    """No H100 here, so build leaves the engine built; `enginectl smoke` refuses (exit 3,
+    status untouched) until the machine has what the engine needs — trtllm-serve, an H100
+    (the nvidia-smi stand-in) — then serves it with the argv its manifest records, through
+    the trtllm-serve stand-in (which accepts exactly trtllm-serve's options and serves the
+    OpenAI routes). A server that cannot generate quarantines it (exit 5); a passing
+    re-smoke clears that quarantine."""
     recipe = write_recipe(tmp_path)
     summary = json.loads(build(env, recipe, "--json", "--only", "*/small/trtllm").stdout)
     (pending,) = [s for s in summary["stages"] if s["status"] == "pending-smoke"]
     assert "needs a H100-SXM5-80GB" in pending["error"]
     engine = pending["digest"]
-    done = subprocess.run([ENGINECTL, "smoke", engine, "--json"], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr
+    no_serve = {**env, "PATH": os.pathsep.join(
+        [str(FAKES / "gpu"), *(p for p in env["PATH"].split(os.pathsep)
+                               if p != str(FAKES / "bin"))])}
+    refused = smoke(no_serve, engine, code=3)
+    assert f"cannot smoke {engine} here: 'trtllm-serve' is not on PATH" in refused.stderr
+    assert "its status stays built" in refused.stderr
+    refused = smoke(env, engine, code=3)  # trtllm-serve, but no GPU
+    assert "the engine is built for a H100-SXM5-80GB and this machine has no GPU" in \
+        refused.stderr
+    l4 = {**env, "PATH": f"{FAKES / 'gpu'}{os.pathsep}{env['PATH']}", "FAKE_GPU_NAME": "NVIDIA L4"}
+    refused = smoke(l4, engine, code=3)
+    assert "this machine has L4" in refused.stderr
+    assert status_of(registry_url, engine) == "built"
+    env = {**env, "PATH": f"{FAKES / 'gpu'}{os.pathsep}{env['PATH']}"}
+    broken = smoke({**env, "FAKE_OPENAI_FAIL_GENERATION": "1"}, engine, code=5)
+    assert f"smoke failed, {engine} is quarantined: ready: " in broken.stderr
+    assert status_of(registry_url, engine) == "quarantined"
+    done = smoke(env, engine, "--json")
     report = json.loads(done.stdout)
     assert report["argv"][0] == "trtllm-serve"
     assert "--backend" in report["argv"]
@@ -301,3 +432,84 @@ def test_an_s3_source_is_snapshotted_from_the_bucket(
                    capture_output=True)
     weights = (model / "model.safetensors").read_bytes()
     assert (fetched / "model.safetensors").read_bytes() == weights
+
+
+def cpu_recipe(directory: Path) -> Path:
+    """The toy model as a vLLM entry on the CPU: snapshot, entry, smoke."""
+    make_model(directory / "model")
+    recipe = {
+        "model": {"name": "toy", "source": "./model"},
+        "matrix": {"gpu": ["cpu"], "shape": [
+            {"name": "s", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128}]},
+        "serve": {"vllm": {}},
+    }
+    path = directory / "cpu.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_a_machine_without_vllm_never_quarantines_the_entry(
+    env: dict[str, str], tmp_path: Path, registry_url: str
+) -> None:
+    """vLLM's Python without vllm (what an unset ENGINECTL_VLLM_PYTHON found: python3), then
+    a vllm that cannot start its server: both are this machine's fault, so the entry stays
+    `built` with the reason, no smoke report is recorded, and build still exits 0."""
+    recipe = cpu_recipe(tmp_path)
+    no_vllm = {**env, "ENGINECTL_VLLM_PYTHON": sys.executable}  # the test venv has no vllm
+    first = json.loads(build(no_vllm, recipe, "--json").stdout)
+    (pending,) = [s for s in first["stages"] if s["stage"] == "smoke"]
+    assert pending["status"] == "pending-smoke"
+    assert f"vLLM's Python {sys.executable!r} has no vllm package" in pending["error"]
+    entry = pending["digest"]
+    assert status_of(registry_url, entry) == "built"
+    half = tmp_path / "half-a-vllm"  # a vllm package without its server
+    (half / "vllm").mkdir(parents=True)
+    (half / "vllm" / "__init__.py").write_text("")
+    broken = {**no_vllm, "PYTHONPATH": str(half)}
+    second = json.loads(build(broken, recipe, "--json").stdout)  # snapshot and entry reused
+    assert {s["stage"]: s["status"] for s in second["stages"]} == {
+        "snapshot": "reused", "build": "reused", "smoke": "pending-smoke"}
+    (pending,) = [s for s in second["stages"] if s["stage"] == "smoke"]
+    assert "the server could not start here: No module named 'vllm.entrypoints'" in \
+        pending["error"]
+    assert status_of(registry_url, entry) == "built"
+    refused = smoke(broken, entry, code=3)
+    assert f"cannot smoke {entry} here: the server could not start here" in refused.stderr
+    shown = json.loads(subprocess.run([ENGINECTL, "show", entry, "--json"], env=env, text=True,
+                                      capture_output=True, check=True).stdout)
+    assert shown["smoke_reports"] == []
+    assert shown["artifact"]["status"] == "built"
+    assert shown["artifact"]["status_reason"].startswith("awaits smoke: ")
+
+
+def test_published_outputs_leave_the_work_directory(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Once published (and found in the store) and read by every later run of the build, a
+    stage's output is removed; its log stays. A later build that needs a removed output
+    fetches it from the store. --keep-work keeps everything."""
+    recipe = write_recipe(tmp_path)
+    done = build(env, recipe, "-v", "--only", "*/small/trtllm")
+    assert done.stderr.startswith("enginectl: note: using store file://")
+    scheme = env["ENGINECTL_REGISTRY_URL"].split(":")[0]
+    assert f" and registry {scheme}:" in done.stderr.splitlines()[0]
+    assert "log " in done.stderr  # -v: where each run's log is
+    plan = json.loads(build(env, recipe, "--dry-run", "--json").stdout)
+    runs = {s["key"]: s for s in plan["stages"]}
+    made = [s for s in runs.values() if s["built"] and s["stage"] in ("convert", "build")]
+    assert {s["kind"] for s in made} == {"converted-checkpoint", "trtllm-engine"}
+    for run in made:
+        assert not (Path(run["workdir"]) / "out").exists(), run["stage"]
+        assert (Path(run["workdir"]) / f"{run['stage']}.log").is_file()
+    assert (tmp_path / "model" / "config.json").is_file()  # a local source is never removed
+    wide = json.loads(build(env, recipe, "--json", "--only", "*/wide/trtllm").stdout)
+    assert [s["stage"] for s in wide["stages"] if s["status"] == "built"] == ["build"]
+    quiet = build(env, recipe, "-q", "--force", "--keep-work", "--only", "*/small/trtllm")
+    assert quiet.stderr == ""
+    assert not any(line.startswith("built ") and "  " in line[:8]
+                   for line in quiet.stdout.splitlines())  # no per-stage lines, the summary
+    kept = [s for s in runs.values() if s["stage"] in ("convert", "build")
+            and "H100-SXM5-80GB/tp1/pp1/bf16/kv-auto/small/trtllm" in s["targets"]]
+    assert kept
+    for run in kept:
+        assert (Path(run["workdir"]) / "out" / "config.json").is_file(), run["stage"]

@@ -34,7 +34,8 @@ def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedP
                           timeout=300, check=False)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
-        lines = done.stderr.strip().splitlines()
+        lines = [line for line in done.stderr.strip().splitlines()
+                 if not line.startswith("enginectl: note: using store ")]
         assert len(lines) == 1, done.stderr
         assert lines[0].startswith("enginectl: error: "), done.stderr
         assert "Traceback" not in done.stderr
@@ -68,6 +69,45 @@ def test_import_ls_show_tag_fetch_resolve_fsck(env: dict[str, str], tmp_path: Pa
     assert "--explain" in missing.stderr
     run(env, "fsck")
     run(env, "gc", "--dry-run")
+
+
+def test_resolve_explain_gives_the_reason_for_every_rejection(env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    def imported(name: str, *args: str, seq: int = 4096, seed: int = 0) -> str:
+        engine = make_engine(tmp_path / name, seq=seq, seed=seed)
+        out = run(env, "import", str(engine), "--kind", "trtllm-engine", "--model", "m",
+                  "--json", *args)
+        digest: str = json.loads(out.stdout)["digest"]
+        return digest
+
+    h100 = imported("h100", "--gpu", "h100", "--quant", "fp8", "--ready")
+    unready = imported("unready", "--gpu", "h100", "--quant", "fp8", seed=1)
+    a100 = imported("a100", "--gpu", "a100", "--quant", "bf16", "--ready", seq=8192, seed=2)
+
+    def reasons(*args: str, code: int = 0) -> dict[str, str]:
+        out = run(env, "resolve", "--model", "m", "--explain", "--json", *args, code=code)
+        ranked = json.loads(out.stdout)
+        return {r["digest"]: r["reason"] for r in ranked["rejected"]}
+
+    assert reasons("--gpu", "l4", code=4) == {
+        h100: "GPU mismatch: engine built for H100-SXM5-80GB, node has L4",
+        unready: "not ready (status built)",
+        a100: "GPU mismatch: engine built for A100-SXM4-80GB, node has L4",
+    }
+    assert reasons("--gpu", "h100", "--min-seq-len", "8192", code=4) == {
+        h100: "shape too small: max_seq_len 4096 < 8192",
+        unready: "not ready (status built)",
+        a100: "GPU mismatch: engine built for A100-SXM4-80GB, node has H100-SXM5-80GB",
+    }
+    assert reasons("--gpu", "a100", "--gpus", "1", code=4) == {
+        h100: "GPU mismatch: engine built for H100-SXM5-80GB, node has A100-SXM4-80GB",
+        unready: "not ready (status built)",
+        a100: "needs tp 2, node has 1 GPUs",
+    }
+    text = run(env, "resolve", "--model", "m", "--gpu", "a100", "--gpus", "1", "--explain",
+               code=4).stdout.splitlines()
+    assert f"rejected {a100[:19]}… trtllm-engine: needs tp 2, node has 1 GPUs" in text
+    assert f"rejected {unready[:19]}… trtllm-engine: not ready (status built)" in text
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,8 @@ def test_a_model_that_cannot_generate_is_quarantined(
     done = subprocess.run([ENGINECTL, "build", str(path)], env=env, capture_output=True,
                           text=True, timeout=1200, check=False)
     assert done.returncode == 5, (done.stdout, done.stderr)
-    (line,) = done.stderr.strip().splitlines()
+    note, line = done.stderr.strip().splitlines()
+    assert note.startswith("enginectl: note: using store ")
     assert "quarantined" in line
     assert "ready:" in line
     listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json", "--kind", "vllm"], env=env,
