@@ -74,6 +74,9 @@ class StageError(EnginectlError):
         where = f"{stage} {key.removeprefix('k1:')[:12]}" + (f" ({target})" if target else "")
         tail = " | ".join(line.strip() for line in log_tail.splitlines()[-3:] if line.strip())
         log = f"; log {log_path}" if log_path else ""
+        if message.startswith(f"{where}: "):  # a run's own message, raised again by the CLI
+            super().__init__(message)
+            return
         super().__init__(f"{where}: {message}{log}" + (f"; last lines: {tail}" if tail else ""))
 
 

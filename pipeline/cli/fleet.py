@@ -12,11 +12,17 @@ ADDRESS_HELP = "The Ray cluster: auto, HOST:6379, or ray://HEAD:10001 (default $
 @main.command()
 @click.option("--address", envvar="RAY_ADDRESS", default="auto", show_default=True,
               help=ADDRESS_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the pools as JSON.")
 @handle_errors
 def fleet(address: str, as_json: bool) -> None:
     """The pools a Ray cluster has: per GPU SKU its nodes, GPUs total and free, the last
-    probed toolchain and when; the CPU nodes; the Ray and enginectl versions."""
+    probed toolchain and when; the CPU nodes; the Ray and enginectl versions.
+
+    \b
+    Examples:
+      enginectl fleet                                # RAY_ADDRESS, else a local cluster
+      enginectl fleet --address ray://head:10001 --json
+    """
     from pipeline.fleet import fleet as read_fleet
     from pipeline.fleet import fleet_lines
 

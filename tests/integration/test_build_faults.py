@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -75,10 +76,13 @@ def test_a_misbehaving_tool_fails_its_stage_and_publishes_nothing(
 
     done = build({**env, **knobs}, recipe, code=3)
 
-    lines = done.stderr.strip().splitlines()
+    # the note naming the store and registry, then one error line that says it once
+    lines = [line for line in done.stderr.strip().splitlines()
+             if not line.startswith("enginectl: note: using store")]
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"enginectl: error: {stage} ")
     assert message in lines[0]
+    assert len(re.findall(rf"\b{stage} [0-9a-f]{{12}} \(", lines[0])) == 1, lines[0]
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
         kinds = {artifact.kind for artifact in list_artifacts(session)}
     assert "trtllm-engine" not in kinds
@@ -94,7 +98,7 @@ def test_the_same_build_without_the_fault_publishes_what_trtllm_built(
     recipe = engine_recipe(tmp_path)
     build({**env, "FAKE_TRTLLM_SKIP_RANK": "1"}, recipe, code=3)
 
-    summary = json.loads(build(env, recipe, "--json").stdout)
+    summary = json.loads(build(env, recipe, "--json", "--keep-work").stdout)
 
     assert summary["failed"] == 0
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
