@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pipeline.plan import StageRun
     from pipeline.settings import Settings
     from pipeline.smoke import SmokeReport
+    from pipeline.toolchain import Toolchain
 
 
 def unavailable(run: StageRun, settings: Settings, local_gpu: str | None) -> str | None:
@@ -98,10 +99,21 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
             price_per_hour=smoke_settings.gpu_price_per_hour.get(record.gpu or "CPU"),
             log_path=log, cpu=record.gpu is None,
         )
+        here = _where(settings)  # the evidence says where it was measured
         with ctx.registry.session() as session:
-            records.add_smoke_report(session, digest, report.passed, report.as_dict())
+            records.add_smoke_report(session, digest, report.passed, report.as_dict(),
+                                     gpu=here.gpu or "CPU", toolchain=here.as_dict())
             records.set_status(session, digest, "ready" if report.passed else "quarantined",
                                None if report.passed else f"smoke failed: {report.failure}")
         return digest, report
     finally:
         ctx.close()
+
+
+def _where(settings: Settings) -> Toolchain:
+    """This machine's fingerprint (GPU SKU through the catalog; None without a GPU)."""
+    import os
+
+    from pipeline.toolchain import probe
+
+    return probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST")).toolchain
