@@ -5,7 +5,9 @@
     │                      file, field path, YAML line and the bad value
     ├── PlanError          a target cannot be planned (exit 2): target id and the fix
     ├── StageError         a stage run failed (exit 3): stage, key, target and the log tail
-    └── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
+    ├── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
+    └── RuntimeMissingError  this machine has no program to serve an artifact with (exit 2):
+                           the runtime and where it was looked for; never the artifact's fault
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -78,3 +80,14 @@ class SmokeError(EnginectlError):
         self.digest = digest
         self.failure = failure
         super().__init__(f"smoke failed, {digest} is quarantined: {failure}")
+
+
+class RuntimeMissingError(EnginectlError):
+    """No executable for *runtime* on this machine (a machine problem, not the artifact's)."""
+
+    exit_code = 2
+
+    def __init__(self, runtime: str, detail: str) -> None:
+        self.runtime = runtime
+        self.detail = detail
+        super().__init__(f"cannot serve a {runtime} artifact on this machine: {detail}")

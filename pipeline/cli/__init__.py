@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli import artifacts, build, maintenance  # noqa: F401 - they register commands
+from pipeline.cli import artifacts, build, deploy, maintenance  # noqa: F401 - they register
 from pipeline.cli.base import fail, main
 
 __all__ = ["entry", "main"]
