@@ -52,13 +52,16 @@ def vllm_entry(ctx: Context, root: Path, source: str, *, model: str = "m",
 
 def engine(ctx: Context, root: Path, *, model: str = "m", gpu: str = "H100-SXM5-80GB",
            tp: int = 1, seed: int = 0, recorded: bool = True,
-           status: ArtifactStatus = "ready") -> str:
+           status: ArtifactStatus = "ready", world: int | None = None) -> str:
     """A trtllm-engine for *gpu* that the trtllm-serve stand-in loads; *recorded*: with the
-    serve template a build records, else none (as `enginectl import` leaves it)."""
+    serve template a build records, else none (as `enginectl import` leaves it). *world*
+    other than *tp* makes an engine whose config wants ranks it does not have."""
     root.mkdir(parents=True)
+    world = world or tp
     config = {"version": "1.2.1",
               "pretrained_config": {"architecture": "LlamaForCausalLM",
-                                    "mapping": {"world_size": tp, "tp_size": tp, "pp_size": 1}},
+                                    "mapping": {"world_size": world, "tp_size": world,
+                                                "pp_size": 1}},
               "build_config": {"max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256,
                                "max_num_tokens": 256}}
     (root / "config.json").write_text(json.dumps(config))
