@@ -7,7 +7,9 @@ in the foreground — the one-container experience.
 The directory is `<home>/serving/<16 hex of the digest>`: content-addressed, filled from the
 fetch cache (hard links, when home and cache share a file system, as they do by default).
 A start finds it complete (its `serve.json` names the digest, every file has its size) and
-only rewrites `serve.json` for the host and port asked; otherwise it is pulled again.
+only rewrites `serve.json` for the host and port asked; otherwise it is pulled again. A lock
+file beside it makes two `serve`s of one digest on a node (replicas sharing a hostPath) pull
+it once.
 
 The server runs as a child in its own process group. SIGTERM, SIGINT, SIGHUP, SIGQUIT,
 SIGUSR1 and SIGUSR2 are passed on to that group; when the server exits, whatever it left
@@ -27,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
@@ -85,10 +87,31 @@ def _complete(directory: Path, selection: Selection) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock on *dest*'s serving directory: two `serve`s of one digest on a
+    node (two replicas sharing a hostPath) pull it once, and never swap it under a server."""
+    import fcntl
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with (dest.parent / f".{dest.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,
             progress: Progress | None = None) -> Pulled:
     """*selection* in its serving directory, pulled there unless it is complete already."""
     dest = serving_dir(ctx, selection.found.digest)
+    with _locked(dest):
+        return _prepare(ctx, selection, runtime, dest, host=host, port=port, progress=progress)
+
+
+def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
+             port: int, progress: Progress | None) -> Pulled:
     if not _complete(dest, selection):
         return place(ctx, selection, dest, runtime=runtime, host=host, port=port, force=True,
                      progress=progress)
