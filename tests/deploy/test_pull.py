@@ -313,20 +313,28 @@ def test_a_missing_runtime_is_the_machines_fault_not_the_artifacts(
 
 def test_pull_by_ref_never_imports_sqlalchemy(ctx: Context, deploy_env: dict[str, str],
                                               tmp_path: Path) -> None:
-    """A pull by REF reads the registry like fetch, on the database driver alone."""
+    """A pull by REF reads the registry like fetch, on the database driver alone; once its
+    blobs and manifests are in the cache it does not even open the store (no boto3)."""
     entry = artifacts.vllm_entry(ctx, tmp_path / "entry",
                                  artifacts.checkpoint(ctx, tmp_path / "ckpt"))
     artifacts.alias(ctx, "m/prod", entry)
     script = ("import sys\nfrom registry.context import Context\n"
               "from pipeline.deploy.pull import pull\n"
-              f"pull(Context(), 'm/prod', sys.argv[1], executable={PYTHON!r})\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('sqlalchemy', 'alembic', 'torch', 'ray')))\n")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")],
-                          env=deploy_env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+              f"done = pull(Context(), 'm/prod', sys.argv[1], executable={PYTHON!r})\n"
+              "print(done.downloaded_bytes, sorted({m.split('.')[0] for m in sys.modules} & "
+              "{'sqlalchemy', 'alembic', 'torch', 'ray', 'boto3', 'botocore'}))\n")
+
+    def pulled_in_a_fresh_interpreter(out: str) -> str:
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / out)],
+                              env=deploy_env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    first = pulled_in_a_fresh_interpreter("first")
+    s3 = ctx.store.url.startswith("s3://")
+    assert first.split(" ", 1)[1] == ("['boto3', 'botocore']" if s3 else "[]")
+    assert pulled_in_a_fresh_interpreter("second") == "0 []"  # a cache hit, store unopened
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
