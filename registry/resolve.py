@@ -165,38 +165,42 @@ def candidates_for(
     *gpu*, unless *every_status* (then everything not deleted, for --explain), each with its
     smoke evidence on *gpu*.
 
-    One indexed query, built once and reused: `artifacts` joined to its evidence row for
-    *gpu* (`artifact_evidence`, primary key (artifact_id, gpu)), and the toolchain parts an
-    engine must match read out of the JSON by the database, so no JSON is decoded here."""
+    One indexed query, built once and reused: `artifacts` with its evidence row for *gpu*
+    (`artifact_evidence`, read by its primary key (artifact_id, gpu)), and the toolchain parts
+    an engine must match read out of the JSON by the database, so no JSON is decoded here."""
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
     rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
     return [
         Candidate(digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-                  toolchain={"trtllm": trtllm, "tensorrt": tensorrt}, tokens_per_s=best,
-                  proven=proven is not None)
+                  toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
+                  tokens_per_s=None if evidence is None or evidence < 0 else evidence,
+                  proven=evidence is not None)
         for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-             trtllm, tensorrt, best, proven) in rows
+             trtllm, tensorrt, evidence) in rows
     ]
 
 
 @functools.cache
 def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
-    from sqlalchemy import Table, and_, bindparam, or_, select
+    from sqlalchemy import Table, and_, bindparam, func, literal, or_, select
 
     from registry.models import Artifact, ArtifactEvidence
 
     table: Table = Artifact.__table__  # type: ignore[assignment]
     evidence: Table = ArtifactEvidence.__table__  # type: ignore[assignment]
     c, e = table.c, evidence.c
+    # The evidence on the node's GPU, one primary-key probe per candidate row (a correlated
+    # subquery, so its cost follows the candidates, not the evidence table): NULL when there
+    # is none, -1 when a report passed there without a throughput.
+    on_gpu = (select(func.coalesce(e.best_tokens_per_s, literal(-1.0)))
+              .where(and_(e.artifact_id == c.id, e.gpu == bindparam("gpu")))
+              .scalar_subquery())
     query = select(
         # Candidate's fields, in order, up to toolchain
         c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
         c.tp, c.max_batch_size, c.max_seq_len,
-        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(),
-        e.best_tokens_per_s, e.artifact_id,
-    ).select_from(table.outerjoin(
-        evidence, and_(e.artifact_id == c.id, e.gpu == bindparam("gpu"))
-    )).where(c.model == bindparam("model"))
+        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), on_gpu,
+    ).where(c.model == bindparam("model"))
     if every_status:
         return query.where(c.status != "deleted", c.kind.in_(KIND_ORDER))
     query = query.where(c.status == "ready")
@@ -208,14 +212,22 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
                            and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
 
 
-def _with_evidence(session: Session, found: list[Candidate]) -> list[Candidate]:
-    """*found* with the GPUs each passed on (for --explain: "proven on CPU")."""
+def _with_evidence(session: Session, model: str, found: list[Candidate]) -> list[Candidate]:
+    """*found* with the GPUs each passed on (for --explain: "proven on CPU"): one query over
+    the model's evidence rows (the model's index on artifacts, then primary-key probes)."""
     from dataclasses import replace
 
-    from registry.records import evidence_for
+    from sqlalchemy import select
 
-    gpus = evidence_for(session, [c.digest for c in found])
-    return [replace(c, evidence=tuple(e.gpu for e in gpus[c.digest])) for c in found]
+    from registry.models import Artifact, ArtifactEvidence
+
+    query = (select(Artifact.digest, ArtifactEvidence.gpu)
+             .join(ArtifactEvidence, ArtifactEvidence.artifact_id == Artifact.id)
+             .where(Artifact.model == model).order_by(ArtifactEvidence.gpu))
+    gpus: dict[str, list[str]] = {}
+    for digest, gpu in session.execute(query):
+        gpus.setdefault(digest, []).append(gpu)
+    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) for c in found]
 
 
 def _known_models(session: Session) -> list[str]:
@@ -264,7 +276,7 @@ def resolve(
         found = candidates_for(session, request.model, every_status=explain,
                                gpu=request.gpu.sku)
         if explain:
-            found = _with_evidence(session, found)
+            found = _with_evidence(session, request.model, found)
         if not found:
             known = _known_models(session)
             if request.model not in known:

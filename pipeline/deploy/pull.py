@@ -220,8 +220,10 @@ def _resolved(ctx: Context, request: Request) -> tuple[Found, tuple[str, ...]]:
     from registry.errors import NothingResolvableError
     from registry.resolve import resolve
 
-    ranked = resolve(ctx, request, explain=True)
+    ranked = resolve(ctx, request)
     sku = request.gpu.sku
+    if not ranked.candidates or not ranked.candidates[0].proven:
+        ranked = resolve(ctx, request, explain=True)  # the reasons, and where it is proven
     if not ranked.candidates:
         raise NothingResolvableError(
             request.model, sku, ranked.reasons(),
