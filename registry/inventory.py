@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from registry import records
+from registry.evidence import Evidence, evidence_for
 from registry.refs import resolve_ref
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ def artifact_dict(record: records.ArtifactRecord, aliases: list[str]) -> dict[st
     return data | {"aliases": aliases}
 
 
-def _evidence(found: list[records.Evidence]) -> list[dict[str, Any]]:
+def _evidence(found: list[Evidence]) -> list[dict[str, Any]]:
     return [{"gpu": e.gpu, "best_tokens_per_s": e.best_tokens_per_s,
              "passed_at": e.passed_at.isoformat()} for e in found]
 
@@ -31,7 +32,7 @@ def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
     each with the GPUs its smoke runs passed on (`evidence`)."""
     with ctx.registry.session(readonly=True) as session:
         found = records.list_artifacts(session, **filters)
-        evidence = records.evidence_for(session, [r.digest for r in found])
+        evidence = evidence_for(session, [r.digest for r in found])
         return [artifact_dict(r, records.aliases_for(session, r.digest))
                 | {"evidence": _evidence(evidence[r.digest])} for r in found]
 
@@ -51,7 +52,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
              "toolchain": r.toolchain, "key": r.key, "report": r.report}
             for r in records.smoke_reports(session, digest)
         ]
-        evidence = _evidence(records.evidence_for(session, [digest])[digest])
+        evidence = _evidence(evidence_for(session, [digest])[digest])
         history = {name: [
             {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
              "note": e.note}

@@ -108,16 +108,6 @@ class SmokeReport:
 
 
 @dataclass(frozen=True, slots=True)
-class Evidence:
-    """The best passing smoke throughput of one artifact on one GPU SKU (or "CPU")."""
-
-    digest: str
-    gpu: str
-    best_tokens_per_s: float | None
-    passed_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class StageRunRecord:
     key: str
     status: RunStatus
@@ -438,27 +428,6 @@ def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
         .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
     )
     return [SmokeReport(digest, *row) for row in session.execute(query)]
-
-
-def evidence_for(session: Session, digests: list[str]) -> dict[str, list[Evidence]]:
-    """For each of *digests*, its passing evidence per GPU, ordered by GPU name; one query.
-    A digest with none (never smoked, or only by an enginectl older than schema 0003) maps
-    to an empty list."""
-    found: dict[str, list[Evidence]] = {digest: [] for digest in digests}
-    if not digests:
-        return found
-    query = (
-        select(Artifact.digest, EvidenceRow.gpu, EvidenceRow.best_tokens_per_s,
-               EvidenceRow.passed_at)
-        .join(EvidenceRow, EvidenceRow.artifact_id == Artifact.id)
-        .order_by(Artifact.digest, EvidenceRow.gpu)
-    )
-    ordered = sorted(set(digests))
-    for first in range(0, len(ordered), 500):  # bound the parameters of one statement
-        chunk = ordered[first:first + 500]
-        for row in session.execute(query.where(Artifact.digest.in_(chunk))):
-            found[row.digest].append(Evidence(*row))
-    return found
 
 
 def try_acquire_lease(

@@ -12,12 +12,10 @@ with the command that serves it here.
    node (`pipeline.deploy.runtime`), both before a byte is downloaded.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
    merged into one manifest (a path in both must have the same content) and placed like
-   `fetch` places one (through the cache, verified, hard links), into a staging directory
-   beside DIR, with `serve.json` (below), then renamed into place: DIR is the old content or
-   the new, never half. A second pull is a cache hit: no byte is downloaded again.
-   DIR may be a mount point (a Kubernetes volume), which cannot be renamed: then the staging
-   directory is inside it and its entries are moved in one by one, `serve.json` removed first
-   and written last, so a DIR with a `serve.json` is always complete.
+   `fetch` places one (through the cache, verified, hard links), with `serve.json` (below),
+   all or nothing (`pipeline.deploy.target`: a staging directory renamed into place, or,
+   for a mount point, filled in place with `serve.json` last). A second pull is a cache hit:
+   no byte is downloaded, and with the manifests kept in the cache no store request made.
 
 `serve.json` (schema `enginectl.serve/v1`) holds the digest, kind, model, runtime, the
 executable found here, the argv for this node (`{model_dir}` filled in, `--host`/`--port` as
@@ -28,13 +26,8 @@ but a previous pull unless *force*.
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
 import shlex
-import shutil
-import socket
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.runtime import Runtime, find_runtime
+from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from registry.errors import ManifestError, UnreadyError, UsageError
 from registry.fetch import Verify, fetch_manifest, find, load_manifest
 from registry.lookup import Found
@@ -54,8 +48,6 @@ if TYPE_CHECKING:
     from registry.resolve import Request
     from registry.store import Store
 
-SERVE_FILE: Final = "serve.json"
-SCHEMA: Final = "enginectl.serve/v1"
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a deploy node serves other machines
 DEFAULT_PORT: Final = 8000
 
@@ -263,127 +255,37 @@ def merged(selection: Selection) -> Manifest:
 # --- where ------------------------------------------------------------------------------------
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_pull(directory: Path) -> bool:
-    """Whether *directory* holds what a pull placed (its `serve.json` says so)."""
-    try:
-        data = json.loads((directory / SERVE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("schema") == SCHEMA
-
-
-def _check_target(dest: Path, force: bool) -> None:
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise UsageError(f"{dest} exists and is not a directory")
-    if dest.is_dir() and not force and not is_pull(dest) \
-            and any(not p.name.startswith(f".{dest.name}.pull-") for p in dest.iterdir()):
-        raise UsageError(f"{dest} is not empty and holds no earlier pull; pull into an empty "
-                         "directory or pass --force")
-
-
-def _staging_parent(dest: Path) -> Path:
-    """Where the staging directory goes: beside *dest*, or inside it when it is a mount
-    point (a rename cannot replace a mount point, nor cross into another file system)."""
-    return dest if dest.is_dir() and os.path.ismount(dest) else dest.parent
-
-
-def _clear_abandoned(dest: Path, parent: Path) -> None:
-    """Remove staging directories that pulls killed on this host left; one killed mid-swap
-    (DEST missing, its previous content set aside as `old`) gets that content put back."""
-    host, prefix = socket.gethostname(), f".{dest.name}.pull-"
-    for path in parent.glob(f"{glob.escape(prefix)}*"):
-        owner = path.name[len(prefix):].rsplit("-", 1)[0]  # HOST-PID-<mkdtemp's suffix>
-        their_host, _, pid = owner.rpartition("-")
-        if their_host != host or not pid.isdigit() or _alive(int(pid)) or not path.is_dir():
-            continue
-        if (path / "old").is_dir() and not dest.exists():
-            (path / "old").rename(dest)
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    temp.replace(path)
-
-
-def _move_in(tree: Path, dest: Path, staging: Path) -> None:
-    """Into a mount point: `serve.json` out first, the old entries out, the new ones in,
-    `serve.json` last."""
-    with contextlib.suppress(FileNotFoundError):
-        (dest / SERVE_FILE).unlink()
-    for old in dest.iterdir():
-        if old != staging and not old.name.startswith(f".{dest.name}.pull-"):
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
-    for new in sorted(tree.iterdir(), key=lambda p: p.name == SERVE_FILE):
-        new.rename(dest / new.name)
-
-
-def _swap(tree: Path, dest: Path, staging: Path) -> None:
-    if dest.exists():
-        if not any(dest.iterdir()):
-            dest.rmdir()
-        else:
-            dest.rename(staging / "old")
-    try:
-        tree.rename(dest)
-    except OSError:
-        if (staging / "old").exists() and not dest.exists():
-            (staging / "old").rename(dest)
-        raise
+def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str, port: int,
+               downloaded_bytes: int = 0, cached_bytes: int = 0) -> Pulled:
+    """What serves *selection* from *dest* on this node. Pure."""
+    argv = node_argv(selection.template, executable=runtime.executable, model_dir=str(dest),
+                     host=host, port=port)
+    manifest = selection.manifest
+    return Pulled(
+        directory=dest, digest=selection.found.digest, kind=manifest.kind,
+        model=str(manifest.labels.get("model") or ""), runtime=runtime.name,
+        executable=runtime.executable, argv=argv, host=host, port=port,
+        served_model_name=served_name(argv, runtime.name, str(dest)),
+        sources=tuple(str(m.digest) for m in selection.sources),
+        downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes, notes=selection.notes,
+    )
 
 
 def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runtime,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
           force: bool = False, progress: Progress | None = None) -> Pulled:
-    """Put *selection*'s files and its `serve.json` at *dest*, all or nothing."""
+    """Put *selection*'s files and its `serve.json` at *dest*, all or nothing
+    (`pipeline.deploy.target.staged`)."""
     dest = Path(dest).absolute()
-    parent = _staging_parent(dest)
-    parent.mkdir(parents=True, exist_ok=True)
-    _clear_abandoned(dest, parent)
-    _check_target(dest, force)
-    argv = node_argv(selection.template, executable=runtime.executable, model_dir=str(dest),
-                     host=host, port=port)
-    manifest = selection.manifest
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.pull-{_owner()}-", dir=parent))
-    try:
-        tree = staging / "tree"
+    pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
+    with staged(dest, force=force) as tree:
         store = cast("Store", _LazyStore(ctx))  # every Store method, through __getattr__
         fetched = fetch_manifest(store, merged(selection), tree, cache=ctx.cache,
                                  verify=verify, progress=progress)
-        pulled = Pulled(
-            directory=dest, digest=selection.found.digest, kind=manifest.kind,
-            model=str(manifest.labels.get("model") or ""), runtime=runtime.name,
-            executable=runtime.executable, argv=argv, host=host, port=port,
-            served_model_name=served_name(argv, runtime.name, str(dest)),
-            sources=tuple(str(m.digest) for m in selection.sources),
-            downloaded_bytes=fetched.downloaded_bytes, cached_bytes=fetched.cached_bytes,
-            notes=selection.notes,
-        )
+        pulled = pulled_for(selection, runtime, dest, host=host, port=port,
+                            downloaded_bytes=fetched.downloaded_bytes,
+                            cached_bytes=fetched.cached_bytes)
         write_json(tree / SERVE_FILE, pulled.serve_json())
-        if parent == dest:
-            _move_in(tree, dest, staging)
-        else:
-            _swap(tree, dest, staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return pulled
 
 

@@ -34,21 +34,19 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from pipeline.deploy.command import node_argv, served_name
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    SCHEMA,
-    SERVE_FILE,
     Pulled,
     Selection,
     merged,
     node_request,
     place,
+    pulled_for,
     select,
-    write_json,
 )
 from pipeline.deploy.runtime import Runtime, find_runtime
+from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -115,17 +113,8 @@ def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *
     if not _complete(dest, selection):
         return place(ctx, selection, dest, runtime=runtime, host=host, port=port, force=True,
                      progress=progress)
-    argv = node_argv(selection.template, executable=runtime.executable, model_dir=str(dest),
-                     host=host, port=port)
-    manifest = selection.manifest
-    pulled = Pulled(
-        directory=dest, digest=selection.found.digest, kind=manifest.kind,
-        model=str(manifest.labels.get("model") or ""), runtime=runtime.name,
-        executable=runtime.executable, argv=argv, host=host, port=port,
-        served_model_name=served_name(argv, runtime.name, str(dest)),
-        sources=tuple(str(m.digest) for m in selection.sources),
-        cached_bytes=merged(selection).size, notes=selection.notes,
-    )
+    pulled = pulled_for(selection, runtime, dest, host=host, port=port,
+                        cached_bytes=merged(selection).size)
     write_json(dest / SERVE_FILE, pulled.serve_json())
     return pulled
 

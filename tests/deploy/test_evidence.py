@@ -15,6 +15,7 @@ from pipeline.compare import compare, render_table
 from registry import records
 from registry.context import Context
 from registry.errors import UnknownModelError
+from registry.evidence import evidence_for
 from registry.gpus import lookup_gpu
 from registry.resolve import Request, resolve
 from tests.deploy import artifacts
@@ -43,7 +44,7 @@ def test_reports_record_where_they_ran_and_keep_the_best_per_gpu(
         records.add_smoke_report(session, entry, True, {"best_output_tokens_per_s": 5000.0})
     with ctx.registry.session(readonly=True) as session:
         reports = records.smoke_reports(session, entry)
-        evidence = records.evidence_for(session, [entry, source])
+        evidence = evidence_for(session, [entry, source])
     assert [(r.gpu, r.passed) for r in reports] == [
         (H100, True), ("CPU", True), (H100, False), (H100, True), (H100, True), (None, True)]
     assert reports[0].toolchain == {"gpu": H100, "vllm": "0.32.0"}

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deploy.pull import SERVE_FILE, pull
+from pipeline.deploy.pull import pull
+from pipeline.deploy.target import SERVE_FILE
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig
 from registry.context import Context
