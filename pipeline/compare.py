@@ -13,8 +13,11 @@ for imports) and its size. A ready artifact with no passing report (imported wit
 still gets a row, with no numbers and no line in the chart.
 
 `gpu` keeps the artifacts whose GPU column is that SKU (any spelling registry.gpus knows) and
-the ones with no GPU column: checkpoints and vLLM entries are not tied to a GPU, and the smoke
-report does not say where it ran, so their numbers are from wherever they were smoked.
+the ones with no GPU column (checkpoints and vLLM entries are not tied to a GPU), and takes
+numbers only from smoke reports measured on that SKU (each report records where it ran): an
+artifact smoked only elsewhere gets a row with no numbers, and the title says so. Without
+`gpu`, each row's numbers are from its latest passing report wherever it ran, and the table
+names that GPU.
 
 `compare` reads the registry; `render_table` and `render_html` are pure; `write_html` writes
 the page atomically (a temporary file renamed over the target).
@@ -72,6 +75,7 @@ class Row:
     cost_per_million_tokens: float | None
     price_per_hour: float | None
     levels: tuple[Level, ...] = ()
+    smoked_on: str | None = None  # the GPU SKU (or "CPU") its report ran on; None: unknown
 
     @property
     def label(self) -> str:
@@ -90,7 +94,7 @@ class Row:
             "smoked_at": _iso(self.smoked_at), "ready_s": self.ready_s,
             "best_output_tokens_per_s": self.best_output_tokens_per_s,
             "cost_per_million_tokens": self.cost_per_million_tokens,
-            "price_per_hour": self.price_per_hour,
+            "price_per_hour": self.price_per_hour, "smoked_on": self.smoked_on,
             "load": [
                 {"concurrency": lv.concurrency, "output_tokens_per_s": lv.output_tokens_per_s,
                  "ttft_p50_s": lv.ttft_p50_s, "ttft_p95_s": lv.ttft_p95_s, "errors": lv.errors}
@@ -133,7 +137,8 @@ def compare(ctx: Context, model: str, gpu: str | None = None) -> Comparison:
         runs = records.get_stage_runs(session, {r.key for r in found if r.key})
         rows = []
         for record in found:
-            passing = [s for s in records.smoke_reports(session, record.digest) if s.passed]
+            passing = [s for s in records.smoke_reports(session, record.digest)
+                       if s.passed and (sku is None or s.gpu == sku)]
             run = runs.get(record.key) if record.key else None
             build_s = (None if run is None or run.finished_at is None
                        else (run.finished_at - run.started_at).total_seconds())
@@ -144,6 +149,14 @@ def compare(ctx: Context, model: str, gpu: str | None = None) -> Comparison:
                                   hint=f"see `enginectl ls --model {model}`")
     rows.sort(key=_order)
     return Comparison(model, sku, tuple(rows))
+
+
+def _title(comparison: Comparison) -> str:
+    """`m on H100-SXM5-80GB: smoke evidence measured on H100-SXM5-80GB only`"""
+    if comparison.gpu is None:
+        return comparison.model
+    return (f"{comparison.model} on {comparison.gpu}: smoke evidence measured on "
+            f"{comparison.gpu} only")
 
 
 def _order(row: Row) -> tuple[int, float, float]:
@@ -173,6 +186,7 @@ def _row(record: records.ArtifactRecord, smoke: records.SmokeReport | None,
         best_output_tokens_per_s=_float(report.get("best_output_tokens_per_s")),
         cost_per_million_tokens=_float(report.get("cost_per_million_tokens")),
         price_per_hour=_float(report.get("price_per_hour")), levels=levels,
+        smoked_on=smoke.gpu if smoke else None,
     )
 
 
@@ -214,11 +228,12 @@ def _cost(value: float | None) -> str:
 def _summary(row: Row) -> list[str]:
     return [row.kind, row.gpu or "-", row.quant or "-", str(row.tp), _size(row.size),
             _seconds(row.build_s), _seconds(row.ready_s),
-            _number(row.best_output_tokens_per_s, ".1f"), _cost(row.cost_per_million_tokens)]
+            _number(row.best_output_tokens_per_s, ".1f"), _cost(row.cost_per_million_tokens),
+            row.smoked_on or ("-" if row.smoked_at is None else "unknown")]
 
 
 SUMMARY_HEADER: Final = ("KIND", "GPU", "QUANT", "TP", "SIZE", "BUILD", "READY", "BEST TOK/S",
-                         "$/1M TOK")
+                         "$/1M TOK", "SMOKED ON")
 
 
 def _columns(lines: list[list[str]]) -> str:
@@ -233,7 +248,7 @@ def render_table(comparison: Comparison) -> str:
     levels = comparison.concurrencies
     summary = [["DIGEST", *SUMMARY_HEADER]]
     summary += [[row.digest[7:19], *_summary(row)] for row in comparison.rows]
-    title = f"{comparison.model}" + (f" on {comparison.gpu}" if comparison.gpu else "")
+    title = _title(comparison)
     parts = [title, "", _columns(summary)]
     if levels:
         load = [["DIGEST", *(f"c={c} tok/s" for c in levels),
@@ -346,7 +361,7 @@ def render_html(comparison: Comparison) -> str:
     """One self-contained page: the tables and an inline SVG chart of throughput against
     concurrency, one line per artifact. No scripts, fonts or URLs: it renders offline."""
     levels = comparison.concurrencies
-    title = comparison.model + (f" on {comparison.gpu}" if comparison.gpu else "")
+    title = _title(comparison)
     head = "".join(f"<th>{_e(h)}</th>" for h in SUMMARY_HEADER)
     head += "".join(f"<th>c={c}<br><small>tok/s<br>TTFT p50/p95 s</small></th>" for c in levels)
     body = []
@@ -379,9 +394,9 @@ def render_html(comparison: Comparison) -> str:
     ])
 
 
-def write_html(comparison: Comparison, path: Path) -> Path:
+def write_html(comparison: Comparison, path: Path | str) -> Path:
     """Write `render_html(comparison)` to *path* atomically; the absolute path written."""
-    path = path.resolve()
+    path = Path(path).resolve()
     if not path.parent.is_dir():
         raise UsageError(f"--html {path}: directory {path.parent} does not exist")
     text = render_html(comparison)

@@ -10,7 +10,10 @@
     ├── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
     ├── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
     │                      SKU no node has, a pool whose nodes disagree; names the pools
-    └── BuildCancelledError  Ctrl-C stopped a build (exit 130): what was kept, how to resume
+    ├── BuildCancelledError  Ctrl-C stopped a build (exit 130): what was kept, how to resume
+    └── RuntimeMissingError  this machine has no program to serve an artifact with (exit 2,
+                           `pull`/`serve`): the runtime and where it was looked for; never the
+                           artifact's fault
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -131,3 +134,14 @@ class BuildCancelledError(EnginectlError):
             f"{'' if kept == 1 else 's'} (published); "
             f"rerun `enginectl build {self.recipe}` to resume from them"
         )
+
+
+class RuntimeMissingError(EnginectlError):
+    """No executable for *runtime* on this machine (a machine problem, not the artifact's)."""
+
+    exit_code = 2
+
+    def __init__(self, runtime: str, detail: str) -> None:
+        self.runtime = runtime
+        self.detail = detail
+        super().__init__(f"cannot serve a {runtime} artifact on this machine: {detail}")

@@ -74,14 +74,16 @@ def artifact_table(rows: list[dict[str, Any]]) -> str:
     """`enginectl ls`: one line per artifact, status reason included."""
     if not rows:
         return "no artifacts match"
-    header = ("DIGEST", "KIND", "MODEL", "GPU", "QUANT", "TP", "SEQ", "SIZE", "STATUS", "ALIASES")
+    header = ("DIGEST", "KIND", "MODEL", "GPU", "QUANT", "TP", "SEQ", "SIZE", "PROVEN ON",
+              "STATUS", "ALIASES")
     lines = [header]
     for row in rows:
         status = row["status"] + (f" ({row['status_reason']})" if row.get("status_reason") else "")
+        proven = ",".join(e["gpu"] for e in row.get("evidence") or []) or "-"
         lines.append((
             row["digest"][7:19], row["kind"], row["model"], row.get("gpu") or "-",
             row.get("quant") or "-", str(row.get("tp") or 1), str(row.get("max_seq_len") or "-"),
-            _size(row["size"]), status, ",".join(row.get("aliases") or []) or "-",
+            _size(row["size"]), proven, status, ",".join(row.get("aliases") or []) or "-",
         ))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(
@@ -111,7 +113,9 @@ def show_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"  serve     {' '.join(manifest['serve'].get('argv', []))}")
     for report in info["smoke_reports"]:
         verdict = "passed" if report["passed"] else "FAILED"
-        lines.append(f"  smoke     {verdict} at {report['created_at']}")
+        lines.append(f"  smoke     {verdict} at {report['created_at']} on "
+                     f"{report.get('gpu') or 'an unknown GPU (before schema 0003)'}"
+                     + _versions(report.get("toolchain")))
     run = info.get("stage_run")
     if run:
         node = f" (Ray node {run['node_id']})" if run.get("node_id") else ""
@@ -123,6 +127,15 @@ def show_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _versions(toolchain: dict[str, Any] | None) -> str:
+    """` (driver 570.124.06, vllm 0.32.0)`: what a smoke report's toolchain says, briefly."""
+    if not toolchain:
+        return ""
+    parts = [f"{name} {toolchain[name]}" for name in ("driver", "cuda", "tensorrt", "trtllm",
+                                                       "vllm") if toolchain.get(name)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _tree(nodes: list[dict[str, Any]], indent: str) -> list[str]:
     lines = []
     for node in nodes:
@@ -132,17 +145,22 @@ def _tree(nodes: list[dict[str, Any]], indent: str) -> list[str]:
 
 
 def resolve_lines(ranked: Any, explain: bool) -> list[str]:
-    """`enginectl resolve`: the ranked candidates, and with --explain every rejection."""
+    """`enginectl resolve`: the ranked candidates (throughput measured on the node's GPU
+    only), and with --explain every rejection and every candidate unproven there."""
     lines = []
     for index, candidate in enumerate(ranked.candidates, start=1):
         speed = f"{candidate.tokens_per_s:.0f} tok/s" if candidate.tokens_per_s else "unmeasured"
+        note = candidate.unproven_note(ranked.gpu) if ranked.gpu else None
         lines.append(
             f"{index}. {candidate.digest}  {candidate.kind}  {candidate.quant or '-'}  "
             f"tp {candidate.tp}  seq {candidate.max_seq_len}  {speed}"
+            + (f"  ({note.split(' (')[0]})" if note else "")
         )
     if not ranked.candidates:
         lines.append("no candidate")
     if explain:
         lines += [f"rejected {c.digest[:19]}… {c.kind}: {reason}"
                   for c, reason in ranked.rejected]
+        lines += [f"unproven {c.digest[:19]}… {c.kind}: {note}" for c in ranked.candidates
+                  if ranked.gpu and (note := c.unproven_note(ranked.gpu))]
     return lines

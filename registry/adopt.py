@@ -106,9 +106,10 @@ def _labels(root: Path, spec: ImportSpec) -> dict[str, Any]:
 
 
 def import_artifact(
-    ctx: Context, root: Path, spec: ImportSpec, progress: Progress | None = None
+    ctx: Context, root: Path | str, spec: ImportSpec, progress: Progress | None = None
 ) -> Published:
     """Validate *root* for *spec.kind*, then publish it (a no-op if already stored)."""
+    root = Path(root)
     if not root.is_dir():
         raise UsageError(f"{root} is not a directory")
     labels = _labels(root, spec)

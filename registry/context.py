@@ -1,13 +1,17 @@
 """The handles every registry verb works with: store, SQL registry and fetch cache.
 
 Opened lazily from `RegistryConfig`, so a command that needs only the store never opens the
-database, and nothing heavy is imported until it is used.
+database, and nothing heavy is imported until it is used. A context manager, for deploy tools:
+
+    with Context() as ctx:          # from the environment, like the CLI
+        pull(ctx, "llama70b/h100/prod", "/models")
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from registry.cache import BlobCache
@@ -39,5 +43,13 @@ class Context:
         return BlobCache(self.config.cache_dir)
 
     def close(self) -> None:
+        """Close the registry's connections, if it was opened (idempotent)."""
         if "registry" in self.__dict__:
             self.registry.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()

@@ -2,6 +2,10 @@
 
     EnginectlError                 root; carries the CLI exit code
     ├── UsageError                 bad command-line input (exit 2)
+    │   ├── UnknownModelError      resolve for a model the registry has no artifact of:
+    │   │                          model, the models it knows
+    │   └── NothingResolvableError every artifact of the model was rejected for the node:
+    │                              model, gpu, one reason per artifact
     └── RegistryError              registry, store or integrity problem (exit 4)
         ├── StoreError             a store operation failed for good: url/key, operation,
         │                          S3 error code and request id (transient ones are retried)
@@ -11,8 +15,10 @@
         ├── SchemaError            the SQL registry's schema is missing, behind or newer than
         │                          this binary: revision, head, url
         ├── ConflictError          a registry write collides with an existing row: what
-        └── RecordNotFoundError    no such artifact, alias or stage run in the registry:
-                                   what, name
+        ├── RecordNotFoundError    no such artifact, alias or stage run in the registry:
+        │                          what, name
+        └── UnreadyError           the artifact's status forbids the verb (a quarantined
+                                   fetch, an unproven pull): digest, status, reason
 
 `pipeline.errors` hangs its own errors (recipe, plan, stage, smoke) under the same root.
 Only the CLI catches them; everything else raises with `raise ... from exc`.
@@ -128,3 +134,44 @@ class RecordNotFoundError(RegistryError):
 
 class ManifestError(RegistryError):
     """A manifest is malformed or unsafe: an absolute or `..` path, a duplicate, a link."""
+
+
+class UnknownModelError(UsageError):
+    """The registry has no artifact of *model* (a typo, or the wrong registry)."""
+
+    def __init__(self, model: str, known: list[str]) -> None:
+        import difflib
+
+        self.model = model
+        self.known = known
+        close = difflib.get_close_matches(model, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        listed = f" (it has {', '.join(known[:8])}{', …' if len(known) > 8 else ''})" \
+            if known else " (it has none yet)"
+        super().__init__(f"no artifact of model {model!r} in the registry{hint}{listed}; "
+                         "`enginectl ls` lists them")
+
+
+class NothingResolvableError(UsageError):
+    """No artifact of *model* can serve on *gpu*; *reasons* has one line per rejection."""
+
+    def __init__(self, model: str, gpu: str, reasons: list[str], *, next_step: str) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.reasons = reasons
+        first = f"nothing to serve {model} on {gpu}: {len(reasons)} artifacts rejected; "
+        lines = [first + next_step]
+        lines += [f"  {reason}" for reason in reasons]
+        super().__init__("\n".join(lines))
+
+
+class UnreadyError(RegistryError):
+    """*digest* is *status*, which the verb does not take without --allow-unready."""
+
+    def __init__(self, digest: str, status: str, reason: str | None, *, verb: str) -> None:
+        self.digest = digest
+        self.status = status
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(f"artifact {digest} is {status}{why}: {verb} takes it only with "
+                         f"--allow-unready; `enginectl show {digest[:19]}` has its reports")

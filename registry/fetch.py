@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -39,6 +39,9 @@ class Fetched:
     path: Path
     downloaded_bytes: int
     cached_bytes: int
+    notes: tuple[str, ...] = ()
+    """What the caller should tell the user (the CLI prints them on stderr): an artifact
+    fetched before it was proven to serve, or one fetched despite its status."""
 
 
 def _check_target(dest: Path, force: bool) -> None:
@@ -78,7 +81,7 @@ def _place(source: Path, target: Path) -> None:
 def fetch_manifest(
     store: Store,
     manifest: Manifest,
-    dest: Path,
+    dest: Path | str,
     *,
     cache: BlobCache,
     verify: Verify = "fast",
@@ -86,7 +89,7 @@ def fetch_manifest(
     progress: Progress | None = None,
 ) -> Fetched:
     """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*."""
-    dest = dest.absolute()
+    dest = Path(dest).absolute()
     _clear_abandoned(dest)  # first: it may put back what a killed fetch had set aside
     _check_target(dest, force)
     progress = progress or NoProgress()
@@ -201,20 +204,55 @@ def load_manifest(ctx: Context, digest: str) -> Manifest:
     return manifest
 
 
+def status_notes(found: Found, kind: str, *, allow_unready: bool) -> tuple[str, ...]:
+    """What fetch says about *found*'s status, or raises: a `quarantined` artifact failed its
+    smoke run and is refused without *allow_unready* (exit 4, with the reason); a servable
+    artifact that is `built` (or `building`) is not yet proven and is fetched with a note.
+    Intermediates (checkpoints) are never smoke-tested, and `superseded` ones are what a
+    rollback fetches: both come without a word. Pure."""
+    from registry.errors import UnreadyError
+    from registry.resolve import KIND_ORDER
+
+    ref = found.digest[:19]
+    if found.status == "quarantined":
+        if not allow_unready:
+            raise UnreadyError(found.digest, "quarantined", found.reason, verb="fetch")
+        reason = found.reason or "no reason recorded"
+        return (f"{found.digest} is quarantined ({reason}); fetched because of --allow-unready",)
+    if found.status in ("built", "building") and kind in KIND_ORDER:
+        note = (f"{found.digest} is {found.status}, not yet proven to serve (no passing smoke "
+                f"run); `enginectl smoke {ref}` on a node that can serve it proves it")
+        return (note,)
+    return ()
+
+
 def fetch(
     ctx: Context,
     ref: str,
-    dest: Path,
+    dest: Path | str,
     *,
     verify: Verify = "fast",
     force: bool = False,
+    allow_unready: bool = False,
     progress: Progress | None = None,
 ) -> Fetched:
     """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*.
 
     A full digest the registry does not know is still fetched from the store, so a deploy
     node needs only the bucket. The registry is read without SQLAlchemy (`registry.lookup`)
-    so that a fetch starts quickly."""
+    so that a fetch starts quickly. A `quarantined` artifact is refused unless
+    *allow_unready*; see `status_notes` for what else is said."""
+    found = find(ctx, ref)
+    manifest = load_manifest(ctx, found.digest)
+    notes = status_notes(found, manifest.kind, allow_unready=allow_unready)
+    fetched = fetch_manifest(ctx.store, manifest, Path(dest), cache=ctx.cache, verify=verify,
+                             force=force, progress=progress)
+    return replace(fetched, notes=notes)
+
+
+def find(ctx: Context, ref: str) -> Found:
+    """What *ref* names, and its status, read without SQLAlchemy; a full digest the registry
+    does not know is taken as is (status None). A deleted artifact is refused."""
     try:
         found = lookup(ctx.config.registry_url, ref)
     except RecordNotFoundError:
@@ -223,6 +261,4 @@ def fetch(
         found = Found(ref, None)
     if found.status == "deleted":
         raise UsageError(f"artifact {found.digest} is deleted; its files may be gone")
-    manifest = load_manifest(ctx, found.digest)
-    return fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
-                          force=force, progress=progress)
+    return found

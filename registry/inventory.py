@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from registry import records
+from registry.evidence import Evidence, evidence_for
 from registry.refs import resolve_ref
 
 if TYPE_CHECKING:
@@ -21,11 +22,19 @@ def artifact_dict(record: records.ArtifactRecord, aliases: list[str]) -> dict[st
     return data | {"aliases": aliases}
 
 
+def _evidence(found: list[Evidence]) -> list[dict[str, Any]]:
+    return [{"gpu": e.gpu, "best_tokens_per_s": e.best_tokens_per_s,
+             "passed_at": e.passed_at.isoformat()} for e in found]
+
+
 def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
-    """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first."""
+    """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first,
+    each with the GPUs its smoke runs passed on (`evidence`)."""
     with ctx.registry.session(readonly=True) as session:
         found = records.list_artifacts(session, **filters)
-        return [artifact_dict(r, records.aliases_for(session, r.digest)) for r in found]
+        evidence = evidence_for(session, [r.digest for r in found])
+        return [artifact_dict(r, records.aliases_for(session, r.digest))
+                | {"evidence": _evidence(evidence[r.digest])} for r in found]
 
 
 def show(ctx: Context, ref: str) -> dict[str, Any]:
@@ -39,9 +48,11 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         assert record is not None  # noqa: S101 - resolve_ref only returns registered digests
         aliases = records.aliases_for(session, digest)
         reports = [
-            {"passed": r.passed, "created_at": r.created_at.isoformat(), "report": r.report}
+            {"passed": r.passed, "created_at": r.created_at.isoformat(), "gpu": r.gpu,
+             "toolchain": r.toolchain, "key": r.key, "report": r.report}
             for r in records.smoke_reports(session, digest)
         ]
+        evidence = _evidence(evidence_for(session, [digest])[digest])
         history = {name: [
             {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
              "note": e.note}
@@ -55,6 +66,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         "manifest": manifest.as_dict(),
         "alias_history": history,
         "smoke_reports": reports,
+        "evidence": evidence,
         "provenance": provenance,
         "stage_run": None if run is None else {
             "status": run.status, "host": run.host, "node_id": run.node_id, "pid": run.pid,

@@ -3,10 +3,10 @@
 A deploy node runs `enginectl fetch` more than anything else, and importing SQLAlchemy's ORM
 costs ~0.35 s here: more than a whole cache-hit fetch of 2 GiB, and half of a `file://`
 fetch's budget next to `cp -r`. The three reads a fetch needs (an alias, the digests with a
-prefix, an artifact's status) are plain SELECTs on two tables whose columns have not changed
-since the first schema, so they run here without SQLAlchemy, under the same rules as
-`registry.refs` (which this shares). `plan` reads the same way which of its keys are built
-and the toolchain last probed on a pool (`built_keys`, `last_toolchain`).
+prefix, an artifact's status and its reason) are plain SELECTs on two tables whose columns
+have not changed since the first schema, so they run here without SQLAlchemy, under the
+same rules as `registry.refs` (which this shares). `plan` reads the same way which of its
+keys are built and the toolchain last probed on a pool (`built_keys`, `last_toolchain`).
 
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
 or has no tables yet, is a registry with no artifacts.
@@ -32,6 +32,8 @@ class Found:
     digest: str
     status: str | None
     """None when the registry does not list the digest (a full digest fetched from the store)."""
+    reason: str | None = None
+    """Why it has that status (`smoke failed: …`), when the registry says."""
 
 
 def lookup(url: str, ref: str) -> Found:
@@ -40,7 +42,7 @@ def lookup(url: str, ref: str) -> Found:
     RecordNotFoundError / UsageError as `registry.refs.resolve_ref` raises them."""
     with _reader(url) as reader:
         digest = resolve_with(ref, reader.find_by_prefix, reader.get_alias)
-        return Found(digest, reader.status(digest))
+        return Found(digest, *reader.status(digest))
 
 
 @dataclass(frozen=True)
@@ -131,9 +133,11 @@ class _Reader:
         rows = self._rows("SELECT digest FROM aliases WHERE name = ?", name)
         return rows[0][0] if rows else None
 
-    def status(self, digest: str) -> str | None:
-        rows = self._rows("SELECT status FROM artifacts WHERE digest = ?", digest)
-        return rows[0][0] if rows else None
+    def status(self, digest: str) -> tuple[str | None, str | None]:
+        """(status, status_reason), or Nones when the digest is not registered."""
+        rows = self._rows("SELECT status, status_reason FROM artifacts WHERE digest = ?",
+                          digest)
+        return (rows[0][0], rows[0][1]) if rows else (None, None)
 
 
 @contextmanager

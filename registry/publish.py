@@ -159,7 +159,7 @@ class Published:
 
 def publish(
     ctx: Context,
-    root: Path,
+    root: Path | str,
     *,
     kind: str,
     labels: Mapping[str, Any],
@@ -170,6 +170,7 @@ def publish(
     **manifest_fields: Any,
 ) -> Published:
     """Store *root* as an artifact and register it; a no-op for content already there."""
+    root = Path(root)
     if "model" not in labels:
         raise ManifestError("an artifact needs a 'model' label")
     uploaded = upload(ctx.store, root, kind=kind, labels=labels, progress=progress,

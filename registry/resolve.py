@@ -1,8 +1,12 @@
 """Resolve: which artifact should a node with this GPU serve? Pure ranking, no I/O.
 
-Order (DESIGN §5): compiled engines for the exact GPU SKU first, then TRT-LLM PyTorch-backend
-checkpoints, then vLLM entries (the fallback that always runs); within a kind the higher smoke
-throughput wins, then the newer artifact. Every artifact that is not a candidate gets a reason.
+Order (DESIGN §5, §6b): artifacts proven on the node's own GPU SKU (a passing smoke report
+measured there) before the ones that are not ("unproven on SKU": proven elsewhere, or never
+measured where it ran); within each, compiled engines for the exact SKU first, then TRT-LLM
+PyTorch-backend checkpoints, then vLLM entries (the fallback that always runs); within a kind
+the higher smoke throughput *on that SKU* wins, then the newer artifact. Throughput measured
+on another GPU (a CPU smoke run of a vLLM entry, say) never ranks anything. Every artifact
+that is not a candidate gets a reason.
 """
 
 from __future__ import annotations
@@ -41,7 +45,17 @@ class Candidate:
     max_batch_size: int | None = None
     max_seq_len: int | None = None
     toolchain: Mapping[str, Any] = field(default_factory=dict)
-    tokens_per_s: float | None = None  # best smoke throughput, if any report passed
+    tokens_per_s: float | None = None  # best passing smoke throughput on the request's GPU
+    proven: bool = False  # a smoke report passed on the request's GPU
+    evidence: tuple[str, ...] = ()  # GPUs it passed on (filled in by resolve with explain)
+
+    def unproven_note(self, gpu: str) -> str | None:
+        """`unproven on H100-SXM5-80GB (proven on CPU)`, or None when proven there."""
+        if self.proven:
+            return None
+        elsewhere = [g for g in self.evidence if g != gpu]
+        where = f"proven on {', '.join(elsewhere)}" if elsewhere else "no smoke evidence there"
+        return f"unproven on {gpu} ({where})"
 
 
 @dataclass(frozen=True)
@@ -59,15 +73,26 @@ class Request:
 class Ranked:
     candidates: list[Candidate]
     rejected: list[tuple[Candidate, str]]
+    gpu: str | None = None  # the SKU it ranked for
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "candidates": [_describe(c) for c in self.candidates],
-            "rejected": [{**_describe(c), "reason": reason} for c, reason in self.rejected],
+            "gpu": self.gpu,
+            "candidates": [_describe(c, self.gpu) for c in self.candidates],
+            "rejected": [{**_describe(c, self.gpu), "reason": reason}
+                         for c, reason in self.rejected],
         }
 
+    def reasons(self) -> list[str]:
+        """One line per artifact that is not a candidate, and per unproven candidate."""
+        lines = [f"{c.digest[:19]}… {c.kind}: {reason}" for c, reason in self.rejected]
+        if self.gpu is not None:
+            lines += [f"{c.digest[:19]}… {c.kind}: {note}" for c in self.candidates
+                      if (note := c.unproven_note(self.gpu)) is not None]
+        return lines
 
-def _describe(candidate: Candidate) -> dict[str, Any]:
+
+def _describe(candidate: Candidate, gpu: str | None) -> dict[str, Any]:
     return {
         "digest": candidate.digest,
         "kind": candidate.kind,
@@ -78,6 +103,9 @@ def _describe(candidate: Candidate) -> dict[str, Any]:
         "max_seq_len": candidate.max_seq_len,
         "status": candidate.status,
         "tokens_per_s": candidate.tokens_per_s,
+        "proven": candidate.proven,
+        "evidence": list(candidate.evidence),
+        "note": None if gpu is None else candidate.unproven_note(gpu),
         "created_at": candidate.created_at.isoformat(),
     }
 
@@ -125,45 +153,53 @@ def rank(candidates: Iterable[Candidate], request: Request) -> Ranked:
             accepted.append(candidate)
         else:
             rejected.append((candidate, reason))
-    accepted.sort(
-        key=lambda c: (priority[c.kind], -(c.tokens_per_s or 0.0), -c.created_at.timestamp())
-    )
-    return Ranked(accepted, rejected)
+    accepted.sort(key=lambda c: (not c.proven, priority[c.kind], -(c.tokens_per_s or 0.0),
+                                 -c.created_at.timestamp()))
+    return Ranked(accepted, rejected, request.gpu.sku)
 
 
 def candidates_for(
     session: Session, model: str, *, every_status: bool, gpu: str | None = None
 ) -> list[Candidate]:
     """The servable artifacts of *model*: only `ready` ones, and only engines built for
-    *gpu*, unless *every_status* (then everything not deleted, for --explain).
+    *gpu*, unless *every_status* (then everything not deleted, for --explain), each with its
+    smoke evidence on *gpu*.
 
-    One indexed query on `artifacts` alone, built once and reused: the best passing smoke
-    throughput is kept on the row (`best_tokens_per_s`) and the toolchain parts an engine
-    must match are read out of the JSON by the database, so no JSON is decoded here."""
+    One indexed query, built once and reused: `artifacts` with its evidence row for *gpu*
+    (`artifact_evidence`, read by its primary key (artifact_id, gpu)), and the toolchain parts
+    an engine must match read out of the JSON by the database, so no JSON is decoded here."""
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
     rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
     return [
         Candidate(digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-                  toolchain={"trtllm": trtllm, "tensorrt": tensorrt}, tokens_per_s=best)
+                  toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
+                  tokens_per_s=None if evidence is None or evidence < 0 else evidence,
+                  proven=evidence is not None)
         for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-             trtllm, tensorrt, best) in rows
+             trtllm, tensorrt, evidence) in rows
     ]
 
 
 @functools.cache
 def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
-    from sqlalchemy import Table, and_, bindparam, or_, select
+    from sqlalchemy import Table, and_, bindparam, func, literal, or_, select
 
-    from registry.models import Artifact
+    from registry.models import Artifact, ArtifactEvidence
 
     table: Table = Artifact.__table__  # type: ignore[assignment]
-    c = table.c
+    evidence: Table = ArtifactEvidence.__table__  # type: ignore[assignment]
+    c, e = table.c, evidence.c
+    # The evidence on the node's GPU, one primary-key probe per candidate row (a correlated
+    # subquery, so its cost follows the candidates, not the evidence table): NULL when there
+    # is none, -1 when a report passed there without a throughput.
+    on_gpu = (select(func.coalesce(e.best_tokens_per_s, literal(-1.0)))
+              .where(and_(e.artifact_id == c.id, e.gpu == bindparam("gpu")))
+              .scalar_subquery())
     query = select(
         # Candidate's fields, in order, up to toolchain
         c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
         c.tp, c.max_batch_size, c.max_seq_len,
-        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(),
-        c.best_tokens_per_s,
+        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), on_gpu,
     ).where(c.model == bindparam("model"))
     if every_status:
         return query.where(c.status != "deleted", c.kind.in_(KIND_ORDER))
@@ -174,6 +210,33 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
     others = [kind for kind in KIND_ORDER if kind != "trtllm-engine"]
     return query.where(or_(c.kind.in_(others),
                            and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
+
+
+def _with_evidence(session: Session, model: str, found: list[Candidate]) -> list[Candidate]:
+    """*found* with the GPUs each passed on (for --explain: "proven on CPU"): one query over
+    the model's evidence rows (the model's index on artifacts, then primary-key probes)."""
+    from dataclasses import replace
+
+    from sqlalchemy import select
+
+    from registry.models import Artifact, ArtifactEvidence
+
+    query = (select(Artifact.digest, ArtifactEvidence.gpu)
+             .join(ArtifactEvidence, ArtifactEvidence.artifact_id == Artifact.id)
+             .where(Artifact.model == model).order_by(ArtifactEvidence.gpu))
+    gpus: dict[str, list[str]] = {}
+    for digest, gpu in session.execute(query):
+        gpus.setdefault(digest, []).append(gpu)
+    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) for c in found]
+
+
+def _known_models(session: Session) -> list[str]:
+    from sqlalchemy import select
+
+    from registry.models import Artifact
+
+    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
+    return sorted(session.scalars(query))
 
 
 def local_gpu() -> tuple[GpuSpec, int]:
@@ -205,8 +268,19 @@ def local_gpu() -> tuple[GpuSpec, int]:
 def resolve(
     ctx: Context, request: Request, *, explain: bool = False
 ) -> Ranked:
-    """Rank the registry's artifacts of *request.model* for *request.gpu*."""
+    """Rank the registry's artifacts of *request.model* for *request.gpu*.
+
+    A model the registry has no artifact of raises `UnknownModelError` (exit 2, with the
+    models it does know) instead of an empty ranking: a typo is not "nothing is ready"."""
     with ctx.registry.session(readonly=True) as session:
         found = candidates_for(session, request.model, every_status=explain,
                                gpu=request.gpu.sku)
+        if explain:
+            found = _with_evidence(session, request.model, found)
+        if not found:
+            known = _known_models(session)
+            if request.model not in known:
+                from registry.errors import UnknownModelError
+
+                raise UnknownModelError(request.model, known)
     return rank(found, request)

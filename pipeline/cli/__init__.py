@@ -14,6 +14,7 @@ import click
 from pipeline.cli import (  # noqa: F401 - they register their commands
     artifacts,
     build,
+    deploy,
     fleet,
     info,
     maintenance,

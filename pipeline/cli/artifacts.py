@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.base import MODEL, announce, context, echo_json, handle_errors, main, progress
+from pipeline.cli.base import (
+    MODEL,
+    announce,
+    context,
+    echo_json,
+    handle_errors,
+    main,
+    note,
+    progress,
+)
 
 
 def _parse_shape(text: str | None) -> dict[str, int] | None:
@@ -132,16 +141,22 @@ def show(ref: str, as_json: bool) -> None:
 @click.option("--verify", type=click.Choice(["fast", "strict"]), default="fast",
               show_default=True, help="strict adds sha256 to xxh3-128.")
 @click.option("--force", is_flag=True, help="Replace a non-empty target directory.")
+@click.option("--allow-unready", is_flag=True,
+              help="Fetch a quarantined artifact too (it failed its smoke run).")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
-def fetch(ref: str, output: Path, verify: str, force: bool, as_json: bool) -> None:
+def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
+          as_json: bool) -> None:
     """Fetch REF (digest, 12+ hex prefix, or alias) into a directory, verified."""
     from registry.fetch import fetch as fetch_artifact
 
     ctx = context()
     announce(ctx)
     result = fetch_artifact(ctx, ref, output, verify="strict" if verify == "strict"
-                            else "fast", force=force, progress=progress())
+                            else "fast", force=force, allow_unready=allow_unready,
+                            progress=progress())
+    for line in result.notes:
+        note(line)
     if as_json:
         echo_json({"digest": str(result.manifest.digest), "path": str(result.path),
                     "downloaded_bytes": result.downloaded_bytes,

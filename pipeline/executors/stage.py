@@ -163,7 +163,8 @@ class StageWorker:
             self._release(run, "failed", None, error=fault)
             return self._awaits_smoke(run, entry, record, fault)
         with self.ctx.registry.session() as session:
-            records.add_smoke_report(session, entry, report.passed, report.as_dict())
+            records.add_smoke_report(session, entry, report.passed, report.as_dict(),
+                                     gpu=target.gpu.sku, toolchain=run.toolchain, key=run.key)
             records.set_status(session, entry, "ready" if report.passed else "quarantined",
                                None if report.passed else f"smoke failed: {report.failure}")
         self._release(run, "succeeded" if report.passed else "failed", entry,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pipeline.plan import StageRun
     from pipeline.settings import Settings
     from pipeline.smoke import SmokeReport
+    from pipeline.toolchain import Toolchain
     from registry.records import ArtifactRecord
 
 VLLM_MODULE: Final = "vllm.entrypoints.openai.api_server"
@@ -160,10 +161,21 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         )
         if (fault := machine_fault(report)) is not None:
             raise MachineError(f"cannot smoke {digest} here", fault, fix)
+        measured = _where(settings)  # the evidence says where it was measured
         with ctx.registry.session() as session:
-            records.add_smoke_report(session, digest, report.passed, report.as_dict())
+            records.add_smoke_report(session, digest, report.passed, report.as_dict(),
+                                     gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
             records.set_status(session, digest, "ready" if report.passed else "quarantined",
                                None if report.passed else f"smoke failed: {report.failure}")
         return digest, report
     finally:
         ctx.close()
+
+
+def _where(settings: Settings) -> Toolchain:
+    """This machine's fingerprint (GPU SKU through the catalog; None without a GPU)."""
+    import os
+
+    from pipeline.toolchain import probe
+
+    return probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST")).toolchain

@@ -40,7 +40,7 @@ def test_lookup_answers_every_ref_as_resolve_ref_does(
     assert [_outcome(lambda r=ref: lookup(registry_url, r).digest) for ref in refs] == expected
     assert expected[:3] == [kept.digest] * 3  # the table is not all errors
     assert lookup(registry_url, "llama/h100/prod") == Found(kept.digest, "ready")
-    assert lookup(registry_url, gone.digest) == Found(gone.digest, "deleted")
+    assert lookup(registry_url, gone.digest) == Found(gone.digest, "deleted", "gc")
 
 
 def test_an_ambiguous_prefix_is_refused_alike(registry: Registry, registry_url: str) -> None:

@@ -355,7 +355,7 @@ def test_resolve_ranks_by_the_best_passing_smoke_throughput(
                                        (peaky.digest, True, 800.0),
                                        (peaky.digest, True, 300.0)):
             records.add_smoke_report(session, digest, passed,
-                                     {"best_output_tokens_per_s": tokens})
+                                     {"best_output_tokens_per_s": tokens}, gpu="H100-SXM5-80GB")
     ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
     assert [(c.digest, c.tokens_per_s) for c in ranked.candidates] == [
         (peaky.digest, 800.0), (steady.digest, 500.0), (unsmoked.digest, None),

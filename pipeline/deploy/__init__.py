@@ -1,0 +1,12 @@
+"""Deploy: from the registry to a serving node (DESIGN §6b).
+
+    pull     the artifact this node should serve and everything it serves from, in one
+             directory, with `serve.json`: the command that serves it here
+    serve    pull into a cache-backed directory, then run the server in the foreground
+    command  the serve argv for this node, from what a manifest records (pure)
+    runtime  the runtime executables found on this node
+    target   the directory a pull fills: staged, then put into place all or nothing
+
+`pipeline.deploy.pull.pull` and `pipeline.deploy.serve.serve` are the public functions the
+CLI calls; deploy tools import them.
+"""

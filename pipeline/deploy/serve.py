@@ -1,0 +1,220 @@
+"""serve: pull what this node should serve (once; later starts reuse it) and run its server
+in the foreground — the one-container experience.
+
+    with Context() as ctx:
+        sys.exit(serve(ctx, None, model="llama-3.3-70b-instruct", gpu="auto", port=8000))
+
+The directory is `<home>/serving/<16 hex of the digest>`: content-addressed, filled from the
+fetch cache (hard links, when home and cache share a file system, as they do by default).
+A start finds it complete (its `serve.json` names the digest, every file has its size) and
+only rewrites `serve.json` for the host and port asked; otherwise it is pulled again. A lock
+file beside it makes two `serve`s of one digest on a node (replicas sharing a hostPath) pull
+it once.
+
+The server runs as a child in its own process group. SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+SIGUSR1 and SIGUSR2 are passed on to that group; when the server exits, whatever it left
+running in its group is sent SIGTERM, then SIGKILL after `STOP_GRACE_S`, so nothing outlives
+`serve`. enginectl is a child subreaper (Linux), so processes the server orphans are
+reaped here, as PID 1 in a container must, and the server gets SIGKILL if enginectl dies.
+`serve` returns the server's exit code (128 + N when a signal N ended it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Final
+
+from pipeline.deploy.pull import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    Pulled,
+    Selection,
+    merged,
+    node_request,
+    place,
+    pulled_for,
+    select,
+)
+from pipeline.deploy.runtime import Runtime, find_runtime
+from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
+
+if TYPE_CHECKING:
+    from registry.context import Context
+    from registry.gpus import GpuSpec
+    from registry.progress import Progress
+
+FORWARDED: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                    signal.SIGUSR1, signal.SIGUSR2)
+STOP_GRACE_S: Final = 10.0  # for what the server left in its group to exit on SIGTERM
+_PR_SET_PDEATHSIG: Final = 1
+_PR_SET_CHILD_SUBREAPER: Final = 36
+
+
+def serving_dir(ctx: Context, digest: str) -> Path:
+    return ctx.config.home / "serving" / digest.removeprefix("sha256:")[:16]
+
+
+def _complete(directory: Path, selection: Selection) -> bool:
+    """Whether *directory* holds *selection*'s pull: its serve.json names the digest and
+    every file is there with its size (the bytes came verified through the cache)."""
+    import json
+
+    try:
+        data = json.loads((directory / SERVE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA \
+            or data.get("digest") != selection.found.digest:
+        return False
+    for entry in merged(selection).files:
+        try:
+            if (directory / entry.path).stat().st_size != entry.size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock on *dest*'s serving directory: two `serve`s of one digest on a
+    node (two replicas sharing a hostPath) pull it once, and never swap it under a server."""
+    import fcntl
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with (dest.parent / f".{dest.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,
+            progress: Progress | None = None) -> Pulled:
+    """*selection* in its serving directory, pulled there unless it is complete already."""
+    dest = serving_dir(ctx, selection.found.digest)
+    with _locked(dest):
+        return _prepare(ctx, selection, runtime, dest, host=host, port=port, progress=progress)
+
+
+def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
+             port: int, progress: Progress | None) -> Pulled:
+    if not _complete(dest, selection):
+        return place(ctx, selection, dest, runtime=runtime, host=host, port=port, force=True,
+                     progress=progress)
+    pulled = pulled_for(selection, runtime, dest, host=host, port=port,
+                        cached_bytes=merged(selection).size)
+    write_json(dest / SERVE_FILE, pulled.serve_json())
+    return pulled
+
+
+def serve(
+    ctx: Context,
+    ref: str | None,
+    *,
+    model: str | None = None,
+    gpu: str | GpuSpec = "auto",
+    gpu_count: int | None = None,
+    min_seq_len: int | None = None,
+    min_batch: int | None = None,
+    prefer: Sequence[str] = (),
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    executable: str | None = None,
+    allow_unready: bool = False,
+    progress: Progress | None = None,
+    started: Callable[[Pulled], None] | None = None,
+) -> int:
+    """Pull *ref* (or what resolve ranks first for *model* on *gpu*) and run its server here
+    until it exits; its exit code. *started* is told what runs, just before it starts."""
+    from registry.errors import UsageError
+
+    if (ref is None) == (model is None):
+        raise UsageError("serve takes a REF or --model, not both")
+    request = None if model is None else node_request(
+        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
+        prefer=prefer)
+    selection = select(ctx, ref, request=request, allow_unready=allow_unready)
+    runtime = find_runtime(selection.template.runtime, executable=executable)
+    pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress)
+    ctx.close()  # the server may run for weeks: hold no database connection meanwhile
+    if started is not None:
+        started(pulled)
+    return run_foreground(pulled.argv, cwd=pulled.directory)
+
+
+# --- the process ------------------------------------------------------------------------------
+
+
+def _prctl(option: int, value: int) -> None:
+    """prctl(2) on Linux; nothing elsewhere (or when libc will not say)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+
+
+def _in_child() -> None:
+    """In the server, before exec: die with enginectl (a SIGKILL of it cannot be passed on)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _reap_all(pgid: int, grace_s: float) -> None:
+    """Stop and reap what the server left: SIGTERM its group, SIGKILL after *grace_s*, and
+    wait for every child of this process (orphans come here: we are a subreaper)."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline, killed = time.monotonic() + grace_s, False
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left
+        if pid:
+            continue
+        if time.monotonic() >= deadline:
+            if killed:
+                return  # children outside the group that ignore us: not ours to wait for
+            _signal_group(pgid, signal.SIGKILL)
+            killed, deadline = True, time.monotonic() + grace_s
+        time.sleep(0.05)
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell reports it: 128 + N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_foreground(argv: Sequence[str], *, cwd: Path | None = None,
+                   grace_s: float = STOP_GRACE_S) -> int:
+    """Run *argv* until it exits, passing signals on to its process group; its exit code."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    process = subprocess.Popen(list(argv), cwd=cwd, process_group=0, preexec_fn=_in_child)  # noqa: PLW1509 - prctl only, before exec
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        _signal_group(process.pid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    try:
+        returncode = process.wait()
+    finally:
+        _reap_all(process.pid, grace_s)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return exit_code(returncode)

@@ -1,0 +1,126 @@
+"""serve: resolve for this node (`--gpu auto` through a stand-in nvidia-smi), pull into the
+serving directory once, run the server in the foreground, pass SIGTERM on, exit with the
+server's code, and leave nothing running. The server is TensorRT-LLM's `trtllm-serve`
+stand-in (tests/fakes/bin) serving an engine; vLLM's real server is in test_vllm_cpu.py.
+Every case on the file store and S3, each with SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipeline.smoke import free_port
+from registry.context import Context
+from tests.deploy import artifacts
+from tests.helpers import ROOT
+from tests.smoke.conftest import TAG, tagged_processes
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+BIN = [ROOT / "tests" / "fakes" / "bin", ROOT / "tests" / "deploy" / "bin"]
+READY_TIMEOUT_S = 120  # a guard against a hung server, not a timing assertion
+
+
+def get(port: int, path: str) -> tuple[int, dict[str, Any]] | None:
+    """The server's answer to GET *path*, or None while it does not listen yet."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read() or b"{}")
+    except OSError:
+        return None
+    finally:
+        connection.close()
+
+
+def wait_answering(process: subprocess.Popen[str], port: int) -> dict[str, Any]:
+    """/v1/models once the server answers; fails if the process exits first."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        answer = get(port, "/v1/models")
+        if answer is not None and answer[0] == 200:
+            return answer[1]
+        try:
+            process.wait(timeout=0.2)  # the poll's pace, and it notices an exit
+        except subprocess.TimeoutExpired:
+            continue
+        _, stderr = process.communicate()
+        raise AssertionError(f"serve exited {process.returncode} before answering: {stderr}")
+    raise AssertionError("serve did not answer in time")
+
+
+def start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], str]:
+    tag = uuid.uuid4().hex
+    process = subprocess.Popen([ENGINECTL, "serve", *args], env={**env, TAG: tag},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    return process, tag
+
+
+def test_serve_resolves_pulls_once_runs_in_the_foreground_and_passes_sigterm_on(
+    ctx: Context, deploy_env: dict[str, str], tmp_path: Path
+) -> None:
+    engine = artifacts.engine(ctx, tmp_path / "engine")
+    artifacts.engine(ctx, tmp_path / "h200", gpu="H200-SXM-141GB", seed=3)  # not this node's
+    artifacts.smoked(ctx, engine, "H100-SXM5-80GB", 1000.0)
+    env = {**deploy_env, "PATH": os.pathsep.join([*map(str, BIN), os.environ["PATH"]]),
+           "FAKE_NVIDIA_SMI_GPUS": "NVIDIA H100 80GB HBM3"}
+    port = free_port()
+
+    process, tag = start(env, "--model", "m", "--gpu", "auto", "--host", "127.0.0.1",
+                         "--port", str(port))
+    try:
+        models = wait_answering(process, port)
+        directory = ctx.config.home / "serving" / engine.removeprefix("sha256:")[:16]
+        assert [model["id"] for model in models["data"]] == [directory.name]
+        serve_json = json.loads((directory / "serve.json").read_text())
+        assert serve_json["digest"] == engine
+        assert serve_json["argv"][serve_json["argv"].index("--port") + 1] == str(port)
+        assert tagged_processes(tag)  # the server runs
+        os.kill(process.pid, signal.SIGTERM)  # enginectl's pid only: it passes it on
+        _, stderr = process.communicate(timeout=READY_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, stderr  # the stand-in died of it
+    assert f"enginectl: serving {engine} from {directory}" in stderr
+    assert tagged_processes(tag) == []  # nothing outlives serve
+
+    inode = (directory / "rank0.engine").stat().st_ino
+    again, tag = start(env, engine, "--host", "127.0.0.1", "--port", str(port))
+    try:
+        wait_answering(again, port)
+        assert (directory / "rank0.engine").stat().st_ino == inode  # reused, not pulled again
+        again.send_signal(signal.SIGINT)  # Ctrl-C at a terminal
+        again.communicate(timeout=READY_TIMEOUT_S)
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
+            again.wait()
+    assert again.returncode == 128 + signal.SIGINT
+    assert tagged_processes(tag) == []
+
+
+def test_serve_exits_with_the_servers_own_code(
+    ctx: Context, deploy_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A server that cannot start (the stand-in refuses an engine whose config wants a rank
+    it lacks, as trtllm-serve does) ends serve with its exit code and its own words."""
+    engine = artifacts.engine(ctx, tmp_path / "engine", world=2)
+    env = {**deploy_env, "PATH": os.pathsep.join([*map(str, BIN), os.environ["PATH"]])}
+    done = subprocess.run([ENGINECTL, "serve", engine, "--port", str(free_port()),
+                           "--host", "127.0.0.1"], env=env, capture_output=True, text=True,
+                          timeout=READY_TIMEOUT_S, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "[TRT-LLM] [E] FileNotFoundError" in done.stdout
+    assert "rank1.engine" in done.stdout
+    assert "enginectl: error" not in done.stderr
