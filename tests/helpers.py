@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,40 @@ def keys_by_stage(plan: Plan) -> dict[str, set[str]]:
     for run in plan.stages.values():
         found.setdefault(run.stage, set()).add(run.key)
     return found
+
+
+STORE_NOTE = "enginectl: note: using store "
+
+
+def stderr_of(done: subprocess.CompletedProcess[str]) -> str:
+    """A command's stderr without the note naming the store and registry it uses, which
+    build, import, fetch and pull print first."""
+    return "".join(line for line in done.stderr.splitlines(keepends=True)
+                   if not line.startswith(STORE_NOTE))
+
+
+FAKES = ROOT / "tests" / "fakes"
+
+
+def fake_gpu(directory: Path, name: str = "NVIDIA H100 80GB HBM3", *, count: int = 1,
+             driver: str = "570.124.06", cuda: str = "12.8") -> dict[str, str]:
+    """The environment that makes tests/fakes/bin/nvidia-smi report *count* GPUs *name*
+    with *driver*: its config file, written under *directory* (rewrite it to bump the
+    driver). Without it the stand-in answers as a machine whose driver is not loaded."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "nvidia-smi.json"
+    config.write_text(json.dumps({"name": name, "count": count, "driver": driver,
+                                  "cuda": cuda}), encoding="utf-8")
+    return {"FAKE_NVIDIA_SMI_CONFIG": str(config)}
+
+
+def only_nvidia_smi(directory: Path) -> Path:
+    """A directory holding the nvidia-smi stand-in alone (a GPU machine without
+    TensorRT-LLM's programs), for the front of PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    link = directory / "nvidia-smi"
+    if not link.exists():
+        link.symlink_to(FAKES / "bin" / "nvidia-smi")
+    return directory

@@ -16,6 +16,7 @@ from registry.errors import UnreadyError
 from registry.fetch import fetch
 from registry.publish import publish
 from tests.deploy import artifacts
+from tests.helpers import stderr_of
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
@@ -42,14 +43,14 @@ def test_fetch_refuses_a_quarantined_artifact_unless_allowed(
     assert not (tmp_path / "lib").exists()
 
     refused = cli(deploy_env, "fetch", "m/cpu/prod", "-o", str(tmp_path / "out"), code=4)
-    assert refused.stderr.strip() == (
+    assert stderr_of(refused).strip() == (
         f"enginectl: error: artifact {entry} is quarantined (smoke failed: greedy: wrong "
         f"output): fetch takes it only with --allow-unready; `enginectl show {entry[:19]}` "
         "has its reports")
     assert not (tmp_path / "out").exists()
     allowed = cli(deploy_env, "fetch", "m/cpu/prod", "-o", str(tmp_path / "out"),
                   "--allow-unready")
-    assert allowed.stderr.strip() == (
+    assert stderr_of(allowed).strip() == (
         f"enginectl: note: {entry} is quarantined (smoke failed: greedy: wrong output); "
         "fetched because of --allow-unready")
     assert (tmp_path / "out" / "enginectl-entry.json").is_file()
@@ -68,12 +69,12 @@ def test_fetch_of_an_unproven_entry_says_so_and_intermediates_say_nothing(
                         labels={"model": "m", "quant": "fp8"}, status="built").digest
 
     unproven = cli(deploy_env, "fetch", entry, "-o", str(tmp_path / "a"))
-    assert unproven.stderr.strip() == (
+    assert stderr_of(unproven).strip() == (
         f"enginectl: note: {entry} is built, not yet proven to serve (no passing smoke run); "
         f"`enginectl smoke {entry[:19]}` on a node that can serve it proves it")
     for digest, out in ((quantized, "b"), (source, "c")):
         done = cli(deploy_env, "fetch", digest, "-o", str(tmp_path / out))
-        assert done.stderr == ""
+        assert stderr_of(done) == ""
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == b"\0" * 4096
     artifacts.set_status(ctx, entry, "superseded", "replaced")
     assert fetch(ctx, entry, str(tmp_path / "d")).notes == ()  # rollbacks need it

@@ -31,6 +31,7 @@ from registry.errors import (
 from registry.fetch import fetch, load_manifest
 from registry.layout import blob_key
 from tests.deploy import artifacts
+from tests.helpers import stderr_of
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 PYTHON = sys.executable  # stands in for vLLM's Python: pull never runs it
@@ -43,7 +44,7 @@ def cli(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedP
     assert done.returncode == code, (args, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     if code:
-        assert done.stderr.startswith("enginectl: error: "), done.stderr
+        assert stderr_of(done).startswith("enginectl: error: "), done.stderr
     return done
 
 
@@ -261,18 +262,18 @@ def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
     artifacts.set_status(ctx, entry, "quarantined", "smoke failed: greedy: wrong output")
     for verb in ("pull", "fetch"):
         refused = cli(env, verb, "m/cpu/prod", "-o", str(tmp_path / verb), code=4)
-        assert len(refused.stderr.strip().splitlines()) == 1
+        assert len(stderr_of(refused).strip().splitlines()) == 1
         said = (f"artifact {entry} is quarantined (smoke failed: greedy: wrong output): "
                 f"{verb} takes it only with --allow-unready")
         assert said in refused.stderr
         assert not (tmp_path / verb).exists()
     allowed = cli(env, "fetch", "m/cpu/prod", "-o", str(tmp_path / "f"), "--allow-unready")
-    assert "enginectl: note: " in allowed.stderr
+    assert "enginectl: note: " in stderr_of(allowed)
     artifacts.set_status(ctx, entry, "built")
     unproven = cli(env, "fetch", entry, "-o", str(tmp_path / "g"))
     assert f"{entry} is built, not yet proven to serve" in unproven.stderr
     checkpoint = cli(env, "fetch", source, "-o", str(tmp_path / "h"))
-    assert checkpoint.stderr == ""
+    assert stderr_of(checkpoint) == ""
     assert (tmp_path / "h" / "model.safetensors").is_file()
 
     unknown = cli(env, "pull", "--model", "nope", "--gpu", "cpu", "-o", str(tmp_path / "i"),
@@ -280,7 +281,7 @@ def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
     assert "no artifact of model 'nope'" in unknown.stderr
     nothing = cli(env, "pull", "--model", "m", "--gpu", "cpu", "-o", str(tmp_path / "i"),
                   code=2)
-    lines = nothing.stderr.strip().splitlines()
+    lines = stderr_of(nothing).strip().splitlines()
     assert lines[0].startswith("enginectl: error: nothing to serve m on CPU: 1 artifacts "
                                "rejected")
     assert lines[1] == f"  {entry[:19]}… vllm: not ready (status built)"
@@ -300,7 +301,7 @@ def test_a_missing_runtime_is_the_machines_fault_not_the_artifacts(
                                  artifacts.checkpoint(ctx, tmp_path / "ckpt"))
     env = {**deploy_env, "ENGINECTL_VLLM_PYTHON": "/no/such/python"}
     missing = cli(env, "pull", entry, "-o", str(tmp_path / "x"), code=2)
-    assert missing.stderr.strip() == (
+    assert stderr_of(missing).strip() == (
         "enginectl: error: cannot serve a vllm artifact on this machine: "
         "ENGINECTL_VLLM_PYTHON='/no/such/python' is not an executable file")
     assert not (tmp_path / "x").exists()

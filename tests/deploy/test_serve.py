@@ -20,11 +20,11 @@ from typing import Any
 from pipeline.smoke import free_port
 from registry.context import Context
 from tests.deploy import artifacts
-from tests.helpers import ROOT
+from tests.helpers import ROOT, fake_gpu
 from tests.smoke.conftest import TAG, tagged_processes
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
-BIN = [ROOT / "tests" / "fakes" / "bin", ROOT / "tests" / "deploy" / "bin"]
+BIN = [ROOT / "tests" / "fakes" / "bin"]
 READY_TIMEOUT_S = 120  # a guard against a hung server, not a timing assertion
 
 
@@ -72,7 +72,7 @@ def test_serve_resolves_pulls_once_runs_in_the_foreground_and_passes_sigterm_on(
     artifacts.engine(ctx, tmp_path / "h200", gpu="H200-SXM-141GB", seed=3)  # not this node's
     artifacts.smoked(ctx, engine, "H100-SXM5-80GB", 1000.0)
     env = {**deploy_env, "PATH": os.pathsep.join([*map(str, BIN), os.environ["PATH"]]),
-           "FAKE_NVIDIA_SMI_GPUS": "NVIDIA H100 80GB HBM3"}
+           **fake_gpu(tmp_path / "gpu")}
     port = free_port()
 
     process, tag = start(env, "--model", "m", "--gpu", "auto", "--host", "127.0.0.1",

@@ -21,6 +21,7 @@ import yaml
 
 from registry.db import open_registry
 from registry.records import get_stage_run, list_artifacts
+from tests.helpers import fake_gpu, only_nvidia_smi
 from tests.integration.s3server import S3Server
 from tests.integration.test_runner import wait_gone
 
@@ -375,20 +376,21 @@ def test_an_engine_is_smoke_served_with_trtllm_serve_and_becomes_ready(
     (pending,) = [s for s in summary["stages"] if s["status"] == "pending-smoke"]
     assert "needs a H100-SXM5-80GB" in pending["error"]
     engine = pending["digest"]
-    no_serve = {**env, "PATH": os.pathsep.join(
-        [str(FAKES / "gpu"), *(p for p in env["PATH"].split(os.pathsep)
-                               if p != str(FAKES / "bin"))])}
+    h100 = fake_gpu(tmp_path / "gpu")
+    no_serve = {**env, **h100, "PATH": os.pathsep.join(
+        [str(only_nvidia_smi(tmp_path / "smi")),
+         *(p for p in env["PATH"].split(os.pathsep) if p != str(FAKES / "bin"))])}
     refused = smoke(no_serve, engine, code=3)
     assert f"cannot smoke {engine} here: 'trtllm-serve' is not on PATH" in refused.stderr
     assert "its status stays built" in refused.stderr
     refused = smoke(env, engine, code=3)  # trtllm-serve, but no GPU
     assert "the engine is built for a H100-SXM5-80GB and this machine has no GPU" in \
         refused.stderr
-    l4 = {**env, "PATH": f"{FAKES / 'gpu'}{os.pathsep}{env['PATH']}", "FAKE_GPU_NAME": "NVIDIA L4"}
+    l4 = {**env, **fake_gpu(tmp_path / "l4", "NVIDIA L4")}
     refused = smoke(l4, engine, code=3)
     assert "this machine has L4" in refused.stderr
     assert status_of(registry_url, engine) == "built"
-    env = {**env, "PATH": f"{FAKES / 'gpu'}{os.pathsep}{env['PATH']}"}
+    env = {**env, **h100}
     broken = smoke({**env, "FAKE_OPENAI_FAIL_GENERATION": "1"}, engine, code=5)
     assert f"smoke failed, {engine} is quarantined: ready: " in broken.stderr
     assert status_of(registry_url, engine) == "quarantined"

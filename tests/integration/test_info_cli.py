@@ -14,6 +14,7 @@ import pytest
 
 from registry.db import HEAD
 from registry.store import Store
+from tests.helpers import fake_gpu
 from tests.integration.s3server import S3Server
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -26,8 +27,8 @@ def env(store: Store, registry_url: str, tmp_path: Path,
     values = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
               "ENGINECTL_STORE_URL": store.url, "ENGINECTL_REGISTRY_URL": registry_url,
               "ENGINECTL_VLLM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-              "PATH": os.pathsep.join([str(FAKES / "bin"), str(FAKES / "gpu"),
-                                       os.environ["PATH"]])}
+              "PATH": os.pathsep.join([str(FAKES / "bin"), os.environ["PATH"]]),
+              **fake_gpu(tmp_path / "gpu")}
     for name in ("ENGINECTL_CACHE_DIR", "ENGINECTL_WORK_DIR"):
         values.pop(name, None)
     if store.url.startswith("s3://"):
