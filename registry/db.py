@@ -325,6 +325,16 @@ class Registry:
         if state != "current":
             raise _schema_error(revision, state, self.url)
 
+    @contextmanager
+    def gc_lock(self, *, shared: bool, blocking: bool = True) -> Iterator[bool]:
+        """The registry's gc lock (`registry.gclock`): exclusive for gc's mark-and-sweep,
+        shared for a publish's check-and-register. Yields whether it is held."""
+        from registry import gclock
+
+        with _translating(self.url), gclock.hold(self._engine, _sqlite_file(self._engine.url),
+                                                 shared=shared, blocking=blocking) as held:
+            yield held
+
     def close(self) -> None:
         self._engine.dispose()
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import base64
 import mmap
 import os
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
@@ -29,7 +30,7 @@ from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_tr
 from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.digest import Digest, sha256_of, update_mapped
-from registry.errors import IntegrityError, StoreError
+from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.layout import (
     BLOBS,
     MANIFESTS,
@@ -41,7 +42,8 @@ from registry.layout import (
 )
 from registry.ranges import pwrite_all, read_ranges, split
 from registry.s3bucket import Bucket
-from registry.store import BlobInfo, Progress
+from registry.store import BlobInfo, ObjectInfo, Progress, sizes_of
+from registry.workers import Workers
 
 MiB: Final = 1 << 20
 HEAD_AT_MOST: Final = 3
@@ -117,9 +119,10 @@ class S3Store:
     def has_blob(self, digest: Digest) -> bool:
         return self.bucket.exists(self._key(blob_key(digest)), "has_blob")
 
-    def missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
+    def missing_blobs(self, digests: Iterable[Digest] | Mapping[Digest, int]) -> set[Digest]:
+        wanted = sizes_of(digests)
         shards: dict[str, list[Digest]] = {}
-        for digest in set(digests):
+        for digest in wanted:
             shards.setdefault(blob_shard(digest), []).append(digest)
         if not shards:
             return set()
@@ -128,28 +131,42 @@ class S3Store:
             for group, present in zip(
                 shards.values(), pool.map(self._present, shards.values()), strict=True
             ):
-                missing.update(digest for digest in group if digest not in present)
+                missing.update(
+                    digest for digest in group
+                    if digest not in present
+                    or (wanted[digest] is not None and present[digest] != wanted[digest])
+                )
         return missing
 
-    def _present(self, digests: list[Digest]) -> set[Digest]:
-        """Which of *digests* (all in one shard) the store holds."""
+    def _present(self, digests: list[Digest]) -> dict[Digest, int]:
+        """Which of *digests* (all in one shard) the store holds, with their sizes."""
         if len(digests) <= HEAD_AT_MOST:
-            return {digest for digest in digests if self.has_blob(digest)}
+            sizes = {digest: self.bucket.size(self._key(blob_key(digest)), "has_blob")
+                     for digest in digests}
+            return {digest: size for digest, size in sizes.items() if size is not None}
         wanted = {self._key(blob_key(digest)): digest for digest in digests}
         first, last = min(wanted), max(wanted)
-        present: set[Digest] = set()
+        present: dict[Digest, int] = {}
         prefix = self._key(blob_shard(digests[0]))
         for entry in self.bucket.list(prefix, start_after=first[:-1]):
             if entry["Key"] in wanted:
-                present.add(wanted[entry["Key"]])
+                present[wanted[entry["Key"]]] = int(entry["Size"])
             if entry["Key"] >= last:
                 break
         return present
 
-    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None) -> None:
-        if self.has_blob(digest):
-            return
+    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
+                 stop: threading.Event | None = None) -> None:
+        del stop  # s3transfer's upload cannot be asked to stop between parts; see fetch
         key = self._key(blob_key(digest))
+        try:
+            size = source.stat().st_size
+        except OSError as exc:
+            raise StoreError(f"put_blob {self.bucket.where(key)} cannot read {source}: "
+                             f"{exc.strerror or exc}", url=self.url, key=key,
+                             operation="put_blob") from exc
+        if self.bucket.size(key, "put_blob") == size:
+            return
         subscribers = [ProgressCallbackInvoker(progress)] if progress is not None else None
         try:
             with create_transfer_manager(self.bucket.client, self._transfer) as manager:
@@ -178,12 +195,14 @@ class S3Store:
         *,
         size: int | None = None,
         progress: Progress | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         key = self._key(blob_key(digest))
         try:
             fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                actual = self._download(key, f"blob {digest}", fd, size, progress)
+                actual = self._download(key, f"blob {digest}", fd, size, progress=progress,
+                                        stop=stop, digest=digest)
             finally:
                 os.close(fd)
         except BaseException:
@@ -194,13 +213,15 @@ class S3Store:
             raise IntegrityError(self.bucket.where(key), expected=digest, actual=actual)
 
     @cached_property
-    def _readers(self) -> ThreadPoolExecutor:
+    def _readers(self) -> Workers:
         """The ranged GETs of every blob this store fetches share these threads, so a fetch
-        of many blobs keeps `download_threads` requests in flight, not that many per blob."""
-        return ThreadPoolExecutor(self.download_threads, thread_name_prefix="s3-get")
+        of many blobs keeps `download_threads` requests in flight, not that many per blob.
+        Daemon threads: a stopped fetch never waits for a read blocked on the network."""
+        return Workers(self.download_threads, name="s3-get")
 
     def _download(
-        self, key: str, what: str, fd: int, size: int | None, progress: Progress | None
+        self, key: str, what: str, fd: int, size: int | None, *, progress: Progress | None,
+        stop: threading.Event | None, digest: Digest,
     ) -> Digest:
         """Stream the object into *fd* with parallel ranged GETs on the shared readers and
         return the xxh3-128 of what landed, hashed from the file's pages, in order, as the
@@ -219,19 +240,19 @@ class S3Store:
                 write_at(offset, chunk)
                 written += len(chunk)
 
-            seen_total = self.bucket.read_into(key, what, write, (start, end))
-            if seen_total != total or written != end - start:
+            seen_total = self.bucket.read_into(key, what, write, (start, end), stop)
+            if seen_total != total:
+                raise IntegrityError(self.bucket.where(key), expected=digest, actual=None,
+                                     detail=f"{seen_total} bytes where {total} are expected")
+            if written != end - start:
                 raise StoreError(
-                    f"get_blob {self.bucket.where(key)}: the object is {seen_total} bytes, "
-                    f"expected {total}",
-                    url=self.url,
-                    key=key,
-                    operation="get_blob",
+                    f"get_blob {self.bucket.where(key)}: asked for bytes {start}-{end - 1}, "
+                    f"got {written}", url=self.url, key=key, operation="get_blob",
                 )
 
         part = self.download_part_size
         if size is None:  # the first part's answer says how big the object is
-            total = self.bucket.read_into(key, what, write_at, (0, part))
+            total = self.bucket.read_into(key, what, write_at, (0, part), stop)
             start = min(part, total)
         else:
             total, start = size, 0
@@ -271,8 +292,11 @@ class S3Store:
         if actual != digest:
             where = f"manifest data for {self.bucket.where(key)}"
             raise IntegrityError(where, expected=digest, actual=actual)
-        if self.has_manifest(digest):
-            return
+        try:
+            if self.bucket.get(key, f"manifest {digest}")[0] == data:
+                return  # verified: manifests are small enough to compare every time
+        except NotFoundError:
+            pass  # absent: write it
         self.bucket.put(key, data, sha256_b64=base64.b64encode(bytes.fromhex(digest.hex)).decode())
 
     def get_manifest(self, digest: Digest) -> bytes:
@@ -293,3 +317,28 @@ class S3Store:
 
     def delete_manifest(self, digest: Digest) -> None:
         self.bucket.delete(self._key(manifest_key(digest)))
+
+    # small objects (records) and objects set aside
+
+    def put_object(self, key: str, data: bytes) -> None:
+        self.bucket.put(self._key(key), data)
+
+    def get_object(self, key: str) -> bytes:
+        return self.bucket.get(self._key(key), f"object {key}")[0]
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        strip = len(self._key(""))
+        for entry in self.bucket.list(self._key(prefix)):
+            yield ObjectInfo(entry["Key"][strip:], int(entry["Size"]),
+                             entry["LastModified"].astimezone(UTC))
+
+    def move_object(self, key: str, new_key: str) -> bool:
+        """Copy, then delete the original: S3 has no rename. False when *key* is absent."""
+        if self.bucket.size(self._key(key), "move_object") is None:
+            return False
+        self.bucket.copy(self._key(key), self._key(new_key))
+        self.bucket.delete(self._key(key))
+        return True
+
+    def delete_object(self, key: str) -> None:
+        self.bucket.delete(self._key(key))

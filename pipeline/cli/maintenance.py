@@ -10,23 +10,43 @@ from pipeline.cli.base import context, echo_json, handle_errors, main, progress
 
 
 @main.command()
-@click.option("--no-verify", is_flag=True, help="Check presence only; do not re-hash blobs.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-verify", is_flag=True, help="Check presence and sizes only; do not re-hash "
+              "blobs.")
+@click.option("--repair", is_flag=True,
+              help="Move damaged blobs and manifests aside (damaged/ in the store) so the next "
+                   "publish of their content heals them, and put missing blobs back from "
+                   "this machine's fetch cache; every action is printed.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: checked, problems, repairs, unrepaired.")
 @handle_errors
-def fsck(no_verify: bool, as_json: bool) -> None:
-    """Check every registered artifact's manifest and blobs; exit 4 on any problem."""
+def fsck(no_verify: bool, repair: bool, as_json: bool) -> None:
+    """Check every registered artifact's manifest and blobs; exit 4 on any problem left.
+
+    \b
+    Examples:
+      enginectl fsck                 # re-hash every blob of every artifact
+      enginectl fsck --no-verify     # presence and sizes only (quick)
+      enginectl fsck --repair        # set damage aside, restore from the cache, say what
+    """
     from registry.errors import RegistryError
     from registry.fsck import fsck as check
 
-    checked, problems = check(context(), verify_blobs=not no_verify, progress=progress())
+    found = check(context(), verify_blobs=not no_verify, repair=repair, progress=progress())
+    left = found.unrepaired
     if as_json:
-        echo_json({"checked": checked, "problems": [str(p) for p in problems]})
+        echo_json({"checked": found.checked, "problems": [str(p) for p in found.problems],
+                   "repairs": found.repairs, "unrepaired": [str(p) for p in left]})
     else:
-        for problem in problems:
-            click.echo(problem)
-        click.echo(f"{checked} artifacts checked, {len(problems)} problems")
-    if problems:
-        raise RegistryError(f"fsck found {len(problems)} problems; first: {problems[0]}")
+        for problem in found.problems:
+            click.echo(f"{problem}{' (repaired)' if problem.repaired else ''}")
+        for line in found.repairs:
+            click.echo(f"repair: {line}")
+        click.echo(f"{found.checked} artifacts checked, {len(found.problems)} problems"
+                   + (f", {len(found.problems) - len(left)} repaired" if repair else ""))
+    if left:
+        hint = ("publish the damaged content again, then run `enginectl fsck`" if repair
+                else "run `enginectl fsck --repair`")
+        raise RegistryError(f"fsck found {len(left)} problems; first: {left[0]}; {hint}")
 
 
 @main.command()
@@ -68,12 +88,37 @@ def _duration(text: str) -> Any:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: artifacts, statuses, smoke_reports, aliases, "
+                   "alias_moves, problems.")
 @handle_errors
-def reindex() -> None:
-    """Rebuild an empty registry from the store's manifests."""
+def reindex(as_json: bool) -> None:
+    """Rebuild an empty registry from the store: artifacts, statuses, smoke reports and
+    aliases with their history. A bad manifest or record is skipped and reported; exit 4
+    at the end with their count.
+
+    \b
+    Examples:
+      ENGINECTL_REGISTRY_URL=sqlite:////tmp/new.db enginectl reindex
+      mv ~/.local/share/enginectl/registry.db{,.damaged} && enginectl reindex
+    """
+    from registry.errors import RegistryError
     from registry.reindex import reindex as rebuild
 
-    click.echo(f"registered {rebuild(context())} artifacts from the store")
+    done = rebuild(context())
+    if as_json:
+        echo_json({"artifacts": done.artifacts, "statuses": done.statuses,
+                   "smoke_reports": done.smoke_reports, "aliases": done.aliases,
+                   "alias_moves": done.alias_moves, "problems": done.problems})
+    else:
+        for problem in done.problems:
+            click.echo(f"skipped: {problem}")
+        click.echo(f"registered {done.artifacts} artifacts from the store ({done.statuses} "
+                   f"with a recorded status), {done.smoke_reports} smoke reports, "
+                   f"{done.aliases} aliases ({done.alias_moves} moves of history)")
+    if done.problems:
+        raise RegistryError(f"reindex skipped {len(done.problems)} bad objects; first: "
+                            f"{done.problems[0]}; `enginectl fsck` after publishing them again")
 
 
 @main.group()
