@@ -29,9 +29,8 @@ from pipeline.executors.outcome import Outcome
 from pipeline.plan import Plan, StageRun
 from pipeline.settings import Settings
 from pipeline.stages.work import StageJob, run_stage
-from registry import records
+from registry import history, logs, records
 from registry.context import Context
-from registry.digest import digest_file
 from registry.fetch import fetch_manifest, load_manifest
 from registry.publish import publish
 
@@ -112,7 +111,7 @@ class StageWorker:
             why = f"awaits smoke: {reason}"
             if record is not None and record.status == "built" and record.status_reason != why:
                 with self.ctx.registry.session() as session:  # shown by ls and show
-                    records.set_status(session, entry, "built", why)
+                    history.set_status(self.ctx.store, session, entry, "built", why)
             return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
                            error=f"stays built: {reason}; run `enginectl smoke {entry}` "
                                  f"on a {run.gpu} node")
@@ -133,10 +132,11 @@ class StageWorker:
             threshold=None if target.quant in ("bf16", "fp16")
             else recipe.smoke.reference_agreement,
         )
-        with self.ctx.registry.session() as session:
-            records.add_smoke_report(session, entry, report.passed, report.as_dict())
-            records.set_status(session, entry, "ready" if report.passed else "quarantined",
-                               None if report.passed else f"smoke failed: {report.failure}")
+        history.record_smoke(
+            self.ctx, entry, report.passed, report.as_dict(),
+            status="ready" if report.passed else "quarantined",
+            reason=None if report.passed else f"smoke failed: {report.failure}",
+            log=self._log(run), gpu=run.gpu, toolchain=dict(run.toolchain), key=run.key)
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started
@@ -179,19 +179,10 @@ class StageWorker:
 
     def _release(self, run: StageRun, status: Literal["succeeded", "failed"],
                  digest: str | None, error: str | None = None) -> None:
-        with self.ctx.registry.session() as session:
-            records.release_lease(session, run.key, owner=self.owner, status=status,
-                                  artifact_digest=digest, error=error,
-                                  log_location=self._publish_log(run))
-
-    def _publish_log(self, run: StageRun) -> str | None:
-        """Store the run's log as a blob; its digest is where `enginectl show` points."""
-        log = self._log(run)
-        if not log.is_file():
-            return None
-        digest = digest_file(log, with_sha256=False).xxh3
-        self.ctx.store.put_blob(digest, log)
-        return str(digest)
+        """Release the lease with the run's log, stored as a blob gc keeps (`enginectl
+        logs` and `enginectl show` name it)."""
+        logs.release_lease(self.ctx, run.key, owner=self.owner, status=status,
+                           artifact_digest=digest, error=error, log=self._log(run))
 
     def _log(self, run: StageRun) -> Path:
         return run.workdir / f"{run.stage}.log"

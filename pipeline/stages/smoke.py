@@ -57,7 +57,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
     import yaml
 
     from pipeline.settings import Settings
-    from registry import records
+    from registry import history, records
     from registry.context import Context
     from registry.errors import UsageError
     from registry.fetch import fetch_manifest, load_manifest
@@ -96,10 +96,10 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
             price_per_hour=smoke_settings.gpu_price_per_hour.get(record.gpu or "CPU"),
             log_path=log, cpu=record.gpu is None,
         )
-        with ctx.registry.session() as session:
-            records.add_smoke_report(session, digest, report.passed, report.as_dict())
-            records.set_status(session, digest, "ready" if report.passed else "quarantined",
-                               None if report.passed else f"smoke failed: {report.failure}")
+        history.record_smoke(
+            ctx, digest, report.passed, report.as_dict(),
+            status="ready" if report.passed else "quarantined",
+            reason=None if report.passed else f"smoke failed: {report.failure}", log=log)
         return digest, report
     finally:
         ctx.close()

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,25 +37,7 @@ from registry.manifest import FileEntry, Manifest
 from registry.publish import publish
 from registry.reindex import reindex
 from registry.resolve import Request, resolve
-from registry.store import Store
 from tests.integration.s3server import S3Server
-
-
-@pytest.fixture
-def ctx(
-    store: Store, registry_url: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Context]:
-    endpoint = None
-    if store.url.startswith("s3://"):
-        server: S3Server = request.getfixturevalue("s3_server")
-        endpoint = server.endpoint_url
-    config = RegistryConfig(
-        home=tmp_path / "home", store_url=store.url, s3_endpoint_url=endpoint,
-        registry_url=registry_url, cache_dir=tmp_path / "cache",
-    )
-    context = Context(config)
-    yield context
-    context.close()
 
 
 def make_engine(root: Path, *, tp: int = 2, seed: int = 0, seq: int = 4096) -> Path:
