@@ -140,8 +140,18 @@ class DamagedRegistryError(RegistryError):
     """The SQLite file at *path* is not a usable database (garbage, truncated, scrambled or
     empty); the store still holds everything, and `enginectl reindex` rebuilds from it."""
 
-    def __init__(self, message: str, *, path: str) -> None:
+    def __init__(self, path: str, detail: str | None = None) -> None:
         self.path = path
+        self.detail = detail
+        if detail is None:  # an empty file is never taken for a new registry
+            message = (f"registry file {path} is empty (0 bytes), not a registry: if it was "
+                       f"truncated, move it aside (mv {path} {path}.damaged) and run "
+                       "`enginectl reindex` to rebuild it from the store; to start a new, "
+                       "empty registry, delete it")
+        else:
+            message = (f"registry file {path} is damaged ({detail}); move it aside (mv {path} "
+                       f"{path}.damaged) and run `enginectl reindex` to rebuild it from the "
+                       "store")
         super().__init__(message)
 
 
