@@ -326,7 +326,9 @@ def fetch(
 
     A full digest the registry does not know is still fetched from the store, so a deploy
     node needs only the bucket. The registry is read without SQLAlchemy (`registry.lookup`)
-    so that a fetch starts quickly."""
+    so that a fetch starts quickly. The target is checked before anything is read."""
+    protect = [("enginectl's home", ctx.config.home)]
+    dest = check_target_place(dest, protected_places(ctx.store, ctx.cache, protect))
     try:
         found = lookup(ctx.config.registry_url, ref)
     except RecordNotFoundError:
@@ -337,5 +339,4 @@ def fetch(
         raise UsageError(f"artifact {found.digest} is deleted; its files may be gone")
     manifest = manifest_of(ctx.store, found.digest, heal=True)
     return fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
-                          force=force, progress=progress,
-                          protect=[("enginectl's home", ctx.config.home)])
+                          force=force, progress=progress, protect=protect)

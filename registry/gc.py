@@ -67,6 +67,20 @@ def check_grace(grace: timedelta) -> timedelta:
     return grace
 
 
+def parse_grace(text: str) -> timedelta:
+    """`12h`, `7d`, `0s`, `30m` as a timedelta; UsageError (quoting *text*) otherwise, or
+    beyond MAX_GRACE."""
+    import re
+
+    match = re.fullmatch(r"([0-9]+)([smhd])", text.strip())
+    if match is None:
+        raise UsageError(f"--grace {text!r}: expected a number and a unit, e.g. 12h or 7d")
+    seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    if seconds > MAX_GRACE.total_seconds():
+        raise UsageError(f"--grace {text!r} is too long: at most 36500d (a century)")
+    return timedelta(seconds=seconds)
+
+
 class Collector:
     """One gc run in phases; `gc` holds the gc lock around `mark` and `sweep`."""
 

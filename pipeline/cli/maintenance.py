@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from pipeline.cli.base import context, echo_json, handle_errors, main, progress
@@ -52,39 +50,46 @@ def fsck(no_verify: bool, repair: bool, as_json: bool) -> None:
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--grace", default="7d", show_default=True,
-              help="Keep blobs younger than this (e.g. 12h, 7d, 0s).")
-@click.option("--json", "as_json", is_flag=True)
+              help="Keep blobs younger than this (e.g. 12h, 7d, 0s; at most 36500d).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: what was (or would be) removed, and what was kept why.")
 @handle_errors
 def gc(dry_run: bool, grace: str, as_json: bool) -> None:
-    """Remove unreferenced blobs and the manifests of deleted artifacts."""
-    from registry.gc import gc as collect
+    """Remove unreferenced blobs and the manifests of deleted artifacts.
 
-    result = collect(context(), grace=_duration(grace), dry_run=dry_run)
+    Kept always: blobs of artifacts not deleted, of artifacts any alias ever pointed at,
+    of publishes in progress and of manifests the registry lacks, and stage and smoke
+    logs. Past the grace period it also removes what killed writers left and objects
+    set aside under damaged/.
+
+    \b
+    Examples:
+      enginectl gc --dry-run              # what a gc would remove now
+      enginectl gc --grace 12h --json
+    """
+    from registry.gc import gc as collect
+    from registry.gc import parse_grace
+
+    result = collect(context(), grace=parse_grace(grace), dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     if as_json:
         echo_json({"dry_run": dry_run, "blobs": [str(b) for b in result.blobs],
                     "manifests": result.manifests, "bytes_freed": result.bytes_freed,
                     "unregistered_manifests": result.unregistered_manifests,
-                    "partial_writes": result.partial})
+                    "partial_writes": result.partial, "damaged": result.damaged,
+                    "expired_publishes": result.expired_publishes,
+                    "kept_in_flight": result.kept_in_flight,
+                    "kept_for_history": result.kept_for_history})
         return
     click.echo(f"{verb} {len(result.blobs)} blobs ({result.bytes_freed} bytes), "
-               f"{len(result.manifests)} manifests and {result.partial} partial writes")
+               f"{len(result.manifests)} manifests, {result.partial} partial writes and "
+               f"{len(result.damaged)} objects set aside as damaged")
     if result.unregistered_manifests:
         click.echo(f"kept {len(result.unregistered_manifests)} manifests the registry does not "
                    "list (and their blobs); `enginectl reindex` adopts them into an empty one")
-
-
-def _duration(text: str) -> Any:
-    import re
-    from datetime import timedelta
-
-    from registry.errors import UsageError
-
-    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
-    if match is None:
-        raise UsageError(f"--grace {text!r}: expected a number and a unit, e.g. 12h or 7d")
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
-    return timedelta(**{unit: int(match.group(1))})
+    if result.kept_in_flight or result.kept_for_history:
+        click.echo(f"kept {result.kept_in_flight} blobs of publishes in progress and "
+                   f"{result.kept_for_history} that history references (logs, aliased once)")
 
 
 @main.command()
