@@ -1,16 +1,18 @@
 """Bad input on the store and registry side, as a user types it (issue 10, items 10-12):
-one line, the right exit code, nothing touched."""
+one line, the right exit code, nothing touched; and Ctrl-C of a fetch (item 9)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.s3server import S3Server
 from tests.integration.test_registry_verbs import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -154,3 +156,61 @@ def test_a_fetch_of_damaged_bytes_exits_4(home: tuple[dict[str, str], str],
     refused = run(env, "fetch", digest, "-o", str(tmp_path / "out"), code=4)
     assert "integrity check failed" in refused.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The server stalls in the middle of the big blob's body and keeps the connection
+    open: Ctrl-C still ends the fetch (exit 130), while the body is held, with the target
+    as it was and a message saying what the cache kept; a re-run then fetches it all."""
+    from registry.adopt import ImportSpec, import_artifact
+    from registry.config import RegistryConfig
+    from registry.context import Context
+    from registry.layout import blob_key
+    from tests.integration.faulty_proxy import Fault, FaultyProxy
+
+    engine = make_engine(tmp_path / "engine")
+    (engine / "rank0.engine").write_bytes(os.urandom(6 << 20))
+    store_url = f"s3://{s3_bucket}/ctrl-c"
+    config = RegistryConfig(home=tmp_path / "home", store_url=store_url,
+                            s3_endpoint_url=s3_server.endpoint_url,
+                            registry_url=f"sqlite:///{tmp_path / 'home' / 'registry.db'}",
+                            cache_dir=tmp_path / "cache")
+    ctx = Context(config)
+    published = import_artifact(ctx, engine, ImportSpec(kind="trtllm-engine", model="m",
+                                                        gpu="h100", status="ready"))
+    ctx.close()
+    big = next(f for f in published.manifest.files if f.path == "rank0.engine")
+
+    def plan(_n: int, method: str, path: str, _range: str | None) -> Fault:
+        return "hold" if method == "GET" and path.endswith(blob_key(big.xxh3)) else "pass"
+
+    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
+           "ENGINECTL_STORE_URL": store_url, "ENGINECTL_CACHE_DIR": str(tmp_path / "cache")}
+    target = tmp_path / "out"
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        proc = subprocess.Popen(
+            [ENGINECTL, "fetch", published.digest, "-o", str(target)], text=True,
+            env={**env, "ENGINECTL_S3_ENDPOINT_URL": proxy.endpoint_url},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proxy.holding.wait(120), "the fetch never reached the big blob"
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)  # a guard against a hang, not a timing
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert not proxy.released.is_set()  # it ended while the body was still held open
+    assert proc.returncode == 130, stderr
+    assert stderr.count("\n") == 1, stderr
+    assert "interrupted" in stderr
+    assert str(tmp_path / "cache") in stderr
+    assert "again to resume" in stderr
+    assert not target.exists()
+    assert not list(tmp_path.glob(".out.*"))  # no staging left beside the target
+    again = json.loads(run({**env, "ENGINECTL_S3_ENDPOINT_URL": s3_server.endpoint_url},
+                           "fetch", published.digest, "-o", str(target), "--json").stdout)
+    assert again["downloaded_bytes"] + again["cached_bytes"] == published.manifest.size
+    assert (target / "rank0.engine").read_bytes() == (engine / "rank0.engine").read_bytes()
