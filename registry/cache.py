@@ -112,6 +112,8 @@ class BlobCache:
                 with contextlib.suppress(OSError):
                     entry.chmod(0o444)
                 self._stamp(entry)
+            with contextlib.suppress(OSError):
+                self._stamp_path(old).unlink()
             return entry
         return None
 
