@@ -63,9 +63,12 @@ def protected_places(store: Store, cache: BlobCache,
                      extra: Iterable[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
     """What a fetch target may never be, nor be a folder above: `/`, the working directory,
     the user's home, the store (`file://`) and the cache, plus *extra* (enginectl's home)."""
-    places = [("the root directory", Path("/")), ("the working directory", Path.cwd()),
-              ("your home directory", Path.home()), ("the fetch cache", cache.root),
+    places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
               *(("an older fetch cache", root) for root in cache.legacy), *extra]
+    for what, where in (("the working directory", Path.cwd), ("your home directory",
+                                                             Path.home)):
+        with contextlib.suppress(OSError, RuntimeError):  # a removed cwd, no HOME
+            places.append((what, where()))
     root = getattr(store, "root", None)
     if isinstance(root, Path):
         places.append(("the store", root))
@@ -281,7 +284,7 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
     dest.rename(old)
     try:
         staging.rename(dest)
-    except OSError:
+    except BaseException:  # an OSError, or Ctrl-C between the two renames
         old.rename(dest)
         raise
     with contextlib.suppress(OSError):

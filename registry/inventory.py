@@ -39,12 +39,13 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         assert record is not None  # noqa: S101 - resolve_ref only returns registered digests
         aliases = records.aliases_for(session, digest)
         reports = [
-            {"passed": r.passed, "created_at": r.created_at.isoformat(), "report": r.report}
+            {"passed": r.passed, "created_at": r.created_at.isoformat(), "report": r.report,
+             "gpu": r.gpu, "toolchain": r.toolchain, "key": r.key}
             for r in records.smoke_reports(session, digest)
         ]
         history = {name: [
             {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
-             "note": e.note}
+             "note": e.note, "details": e.details}
             for e in records.alias_history(session, name)
         ] for name in aliases}
         manifest = load_manifest(ctx, digest)

@@ -22,6 +22,8 @@ from registry import history, records
 from registry.errors import IntegrityError, ManifestError, NotFoundError, UsageError
 from registry.fetch import load_manifest
 from registry.publish import record_of
+from registry.store import WORKERS
+from registry.workers import Workers
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -48,11 +50,19 @@ def _read_records(ctx: Context, result: Reindexed) -> tuple[dict[str, _Events],
                                                              list[history.AliasRecord]]:
     events: dict[str, _Events] = defaultdict(_Events)
     moves: list[tuple[str, history.AliasRecord]] = []
-    for key in history.iter_keys(ctx.store):
+
+    def read(key: str) -> history.Record | str:
         try:
-            record = history.parse(key, ctx.store.get_object(key))
+            return history.parse(key, ctx.store.get_object(key))
         except (ValueError, NotFoundError) as exc:
-            result.problems.append(f"record {key}: {exc}")
+            return f"record {key}: {exc}"
+
+    keys = list(history.iter_keys(ctx.store))
+    with Workers(WORKERS, name="reindex") as pool:  # one small GET each: in parallel
+        found_records = list(pool.map(read, keys))
+    for key, record in zip(keys, found_records, strict=True):
+        if isinstance(record, str):
+            result.problems.append(record)
             continue
         if isinstance(record, history.AliasRecord):
             moves.append((key, record))

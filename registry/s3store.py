@@ -1,7 +1,11 @@
 """The `s3://bucket/prefix` store backend (AWS, MinIO, R2, Ceph, a test server).
 
-- Uploads use s3transfer's managed multipart upload with a CRC32 checksum that S3 checks;
-  manifests carry their own sha256 as the checksum, so S3 checks their digest too.
+- A blob below `upload_part_size` is one PUT; a larger one is a multipart upload whose parts
+  run on one pool of `upload_threads` shared by all the blobs of a publish, each part read
+  from the file only when it is sent; every PUT carries a CRC32 checksum that S3 checks, and
+  manifests carry their own sha256 as the checksum, so S3 checks their digest too. (Not
+  s3transfer's manager: its threads hold the process until every part in flight is sent,
+  so a Ctrl-C'd publish could not stop.)
 - Every blob is read as ranged GETs of `download_part_size` (a small blob is one), run on
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
   the file at its offset in 1 MiB chunks, and the parts are hashed from the file's pages in
@@ -15,6 +19,7 @@ Only `registry.store.open_store` imports this module, so boto3 stays off the `--
 from __future__ import annotations
 
 import base64
+import contextlib
 import mmap
 import os
 import threading
@@ -23,10 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import xxhash
-from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
 from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.digest import Digest, sha256_of, update_mapped
@@ -40,9 +44,9 @@ from registry.layout import (
     parse_blob_key,
     parse_manifest_key,
 )
-from registry.ranges import pwrite_all, read_ranges, split
+from registry.ranges import pwrite_all, read_exactly, read_ranges, split
 from registry.s3bucket import Bucket
-from registry.store import BlobInfo, ObjectInfo, Progress, sizes_of
+from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 from registry.workers import Workers
 
 MiB: Final = 1 << 20
@@ -80,14 +84,8 @@ class S3Store:
             pool_connections=2 * max(upload_threads, download_threads),
             stream_retries=stream_retries,
         )
-        self._transfer = TransferConfig(
-            multipart_threshold=upload_part_size,
-            multipart_chunksize=upload_part_size,
-            max_concurrency=upload_threads,
-            use_threads=True,
-            preferred_transfer_client="classic",
-        )
-        self._transfer.max_in_memory_upload_chunks = upload_threads
+        self.upload_part_size = upload_part_size
+        self.upload_threads = upload_threads
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Multipart uploads under this store's prefix started before *before* and never
@@ -157,7 +155,6 @@ class S3Store:
 
     def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
                  stop: threading.Event | None = None) -> None:
-        del stop  # s3transfer's upload cannot be asked to stop between parts; see fetch
         key = self._key(blob_key(digest))
         try:
             size = source.stat().st_size
@@ -167,17 +164,15 @@ class S3Store:
                              operation="put_blob") from exc
         if self.bucket.size(key, "put_blob") == size:
             return
-        subscribers = [ProgressCallbackInvoker(progress)] if progress is not None else None
         try:
-            with create_transfer_manager(self.bucket.client, self._transfer) as manager:
-                future = manager.upload(
-                    str(source),
-                    self.bucket.name,
-                    key,
-                    extra_args={"ChecksumAlgorithm": "CRC32"},
-                    subscribers=subscribers,
-                )
-                future.result()
+            with source.open("rb") as handle:
+                if size < self.upload_part_size:
+                    self.bucket.client.put_object(Bucket=self.bucket.name, Key=key, Body=handle,
+                                                  ChecksumAlgorithm="CRC32")
+                    if progress is not None:
+                        progress(size)
+                else:
+                    self._multipart(key, handle.fileno(), size, progress, stop)
         except (ClientError, BotoCoreError) as exc:
             raise self.bucket.error(exc, "put_blob", key) from exc
         except OSError as exc:
@@ -187,6 +182,44 @@ class S3Store:
                 key=key,
                 operation="put_blob",
             ) from exc
+
+    @cached_property
+    def _writers(self) -> Workers:
+        """The part uploads of every blob this store publishes share these threads (each
+        holds one part in memory while it sends it). Daemon threads: a stopped publish never
+        waits for a part still in flight."""
+        return Workers(self.upload_threads, name="s3-put")
+
+    def _multipart(self, key: str, fd: int, size: int, progress: Progress | None,
+                   stop: threading.Event | None) -> None:
+        """One multipart upload with a CRC32 checksum per part (S3 checks each), parts read
+        from the file only when their turn comes; aborted on any failure or stop."""
+        client, bucket = self.bucket.client, self.bucket.name
+        upload_id = client.create_multipart_upload(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+
+        def send(number: int, start: int, end: int) -> dict[str, Any]:
+            check_stop(stop)
+            data = read_exactly(fd, start, end - start)
+            answer = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
+                                        PartNumber=number, Body=data, ChecksumAlgorithm="CRC32")
+            if progress is not None:
+                progress(len(data))
+            return {"PartNumber": number, "ETag": answer["ETag"],
+                    "ChecksumCRC32": answer["ChecksumCRC32"]}
+
+        ranges = split(0, size, self.upload_part_size)
+        futures = [self._writers.submit(send, n, *r) for n, r in enumerate(ranges, start=1)]
+        try:
+            parts = [future.result() for future in futures]
+            client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                             MultipartUpload={"Parts": parts})  # type: ignore[typeddict-item]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            with contextlib.suppress(ClientError, BotoCoreError):
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
 
     def get_blob(
         self,

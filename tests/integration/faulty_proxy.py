@@ -6,7 +6,8 @@
 (close the connection without an answer), "cut" (forward it, then send the headers and
 only the first half of the body, and close) or "hold" (send the headers and the first half
 of the body, set `holding`, then trickle one more byte every half second, so that no read
-timeout ever fires and the body never ends, until the proxy is closed: a stalled server).
+timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
+a PUT, set `holding` and read none of the upload until the proxy is closed).
 `ranges` records every GET's Range header. It runs in a thread on a free loopback port.
 """
 
@@ -46,14 +47,20 @@ class FaultyProxy:
                 del format, args
 
             def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
                 with lock:
                     fault = plan(len(proxy.faults), self.command, self.path,
                                  self.headers.get("Range"))
                     proxy.faults.append(fault)
                     if self.command == "GET":
                         proxy.ranges.append(self.headers.get("Range"))
+                if fault == "hold" and self.command == "PUT":  # stop reading the upload
+                    proxy.holding.set()
+                    proxy.released.wait()
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
                 if fault == "reset":
                     self.close_connection = True
                     self.connection.close()

@@ -214,3 +214,50 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
                            "fetch", published.digest, "-o", str(target), "--json").stdout)
     assert again["downloaded_bytes"] + again["cached_bytes"] == published.manifest.size
     assert (target / "rank0.engine").read_bytes() == (engine / "rank0.engine").read_bytes()
+
+
+def test_ctrl_c_stops_an_s3_import_at_once_and_a_rerun_uploads_the_rest(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The server stops reading the big blob's upload: Ctrl-C still ends the import (exit
+    130) while the upload is held, nothing is registered, the message says how many blobs
+    are in the store, and a re-run uploads only what is missing."""
+    from registry.digest import digest_file
+    from registry.layout import blob_key
+    from tests.integration.faulty_proxy import Fault, FaultyProxy
+
+    engine = make_engine(tmp_path / "engine")
+    (engine / "rank0.engine").write_bytes(os.urandom(6 << 20))
+    big = digest_file(engine / "rank0.engine", with_sha256=False).xxh3
+
+    def plan(_n: int, method: str, path: str, _range: str | None) -> Fault:
+        return "hold" if method == "PUT" and blob_key(big) in path else "pass"
+
+    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
+           "ENGINECTL_STORE_URL": f"s3://{s3_bucket}/ctrl-c",
+           "ENGINECTL_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [ENGINECTL, "import", str(engine), "--kind", "trtllm-engine", "--model", "m",
+            "--gpu", "h100", "--json"]
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                env={**env, "ENGINECTL_S3_ENDPOINT_URL": proxy.endpoint_url})
+        try:
+            assert proxy.holding.wait(120), "the import never reached the big blob"
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)  # a guard against a hang, not a timing
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert not proxy.released.is_set()  # it ended while the upload was still held
+    assert proc.returncode == 130, stderr
+    assert stderr.count("\n") == 1, stderr
+    assert "interrupted: nothing was registered" in stderr
+    assert "again to upload only the rest" in stderr
+    env["ENGINECTL_S3_ENDPOINT_URL"] = s3_server.endpoint_url
+    assert json.loads(run(env, "ls", "--json").stdout) == []
+    again = json.loads(run(env, *argv[1:]).stdout)
+    assert again["registered"]
+    assert again["blobs_uploaded"] >= 1  # the big one at least (the rest may have landed)
+    run(env, "fsck")
