@@ -208,7 +208,7 @@ class Publication:
         assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
         assert self.record is not None  # noqa: S101 - set with the manifest
         record = replace(self.record, created_at=utcnow())
-        with self.pending.committing(also=self.write_manifest) as session:
+        with self.pending.committing(also=self._manifest_again) as session:
             registered = records.add_artifact_if_absent(session, record)
             if registered:
                 history.registered(self.ctx.store, record)
@@ -218,6 +218,17 @@ class Publication:
         uploaded = self.pending.uploaded
         return Published(record.digest, self.manifest, registered, len(uploaded),
                          self.bytes_uploaded)
+
+    def _manifest_again(self) -> None:
+        """Under the gc lock: gc removes only the manifests of deleted artifacts, so only
+        when reviving one can the manifest written before be gone."""
+        from registry import records
+
+        assert self.record is not None  # noqa: S101 - set with the manifest
+        with self.ctx.registry.session(readonly=True) as session:
+            deleted = records.get_status(session, self.record.digest) == "deleted"
+        if deleted:
+            self.write_manifest()
 
     def abort(self) -> None:
         """Drop the pending row of a publish that will not commit (its blobs stay for gc)."""

@@ -238,3 +238,24 @@ def test_logs_prints_a_stage_runs_log_after_gc(ctx: Context, tmp_path: Path) -> 
     assert missing.returncode == 4
     assert missing.stderr.decode().count("\n") == 1
     assert "imported, not built" in missing.stderr.decode()
+
+
+def test_publishing_a_deleted_artifact_again_brings_it_back_even_if_gc_took_its_manifest(
+    ctx: Context, tmp_path: Path
+) -> None:
+    source = make_engine(tmp_path / "engine")
+    first = _publication(ctx, source).run()
+    with ctx.registry.session() as session:
+        history.set_status(ctx.store, session, first.digest, "deleted", "retired")
+    again = _publication(ctx, source)
+    for phase in PHASES[:4]:
+        getattr(again, phase)()
+    collected = gc(ctx, grace=NOW)
+    assert collected.manifests == [first.digest]  # gc saw a deleted artifact's manifest
+    assert collected.blobs == []  # the pending publish kept its blobs
+    published = again.commit()
+    assert not published.registered  # the row was there, deleted
+    with ctx.registry.session(readonly=True) as session:
+        assert records.get_status(session, first.digest) == "ready"
+    _fetches_whole(ctx, first.digest, source, tmp_path / "out")
+    assert fsck(ctx).problems == []

@@ -524,12 +524,14 @@ def test_publish_keeps_labels_and_manifest_fields(ctx: Context, tmp_path: Path) 
 def test_transient_s3_errors_are_retried(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
-    """Throttling and connection resets on one request in three: publish and fetch still
-    succeed, verified, because the store retries with backoff."""
+    """Throttling and connection resets on every other request: publish and fetch still
+    succeed, verified, because the store retries with backoff. (Two failures in three
+    drain botocore's retry quota, a per-client budget, within a publish's ~100 requests:
+    by design, not something to hide.)"""
     from tests.integration.faulty_proxy import FaultyProxy
 
-    faults = ("pass", "slowdown", "reset")
-    with FaultyProxy(s3_server.endpoint_url, lambda n, *_: faults[n % 3]) as proxy:
+    faults = ("pass", "slowdown", "pass", "reset")
+    with FaultyProxy(s3_server.endpoint_url, lambda n, *_: faults[n % 4]) as proxy:
         def flaky() -> Context:  # one client each, as the builder and the deploy node have
             return Context(RegistryConfig(
                 home=tmp_path, store_url=f"s3://{s3_bucket}/flaky",
