@@ -1,4 +1,5 @@
-"""Crash safety of `enginectl import`: SIGKILL it at random moments, then check everything.
+"""Crash safety of `enginectl import` and `enginectl fetch`: SIGKILL them at random moments,
+then check everything.
 
 Not a timing benchmark but a soak that needs real processes and real time, so it lives here
 and never runs in CI. Each trial starts
@@ -21,9 +22,19 @@ import had already exited). Temp files and incomplete multipart uploads left beh
 counted too. Two halves: FRESH (new random rank files every trial) and SAME (one
 directory, identical bytes, every trial). ENGINE_MB is the size range of a trial's engine.
 
-Target: 0 failures. Run: `.venv/bin/python bench/kill_publish.py [--trials 50]
-[--backend file|s3pg] [--seed N]` from the repository root (≈8 minutes for 50 trials on the
-file backend, ≈7 for 20 on s3pg; temp data, servers and the schema are removed at the end).
+With `--verb fetch`, each trial instead SIGKILLs `enginectl fetch DIGEST -o TARGET` of one
+published artifact (ENGINE_MB, tp 2) after a delay uniform over a typical fetch, and then
+requires: the target is absent or holds exactly what it held before (COLD: absent; SWAP: a
+different artifact, fetched over with --force), or holds the new artifact whole, every file
+re-hashed; every finished cache entry hashes to its name; a retry fetch exits 0 and the
+target then verifies file by file. COLD: a new target and an empty cache each trial (the
+kill lands in downloads); SWAP: a warm cache, a target that already holds another artifact,
+`--force` (the kill can land in the swap). Partial or corrupt outcomes are failures.
+
+Target: 0 failures. Run: `.venv/bin/python bench/kill_publish.py [--verb import|fetch]
+[--trials 50] [--backend file|s3pg] [--seed N]` from the repository root (import: ≈8
+minutes for 50 trials on the file backend, ≈7 for 20 on s3pg; temp data, servers and the
+schema are removed at the end).
 """
 
 from __future__ import annotations
@@ -264,14 +275,165 @@ def typical_duration(kind: str, tmp: Path, rng: random.Random) -> tuple[float, f
     return median(firsts), median(again)
 
 
+# --- fetch -----------------------------------------------------------------------------------
+
+
+def tree_digests(root: Path) -> dict[str, str] | None:
+    """Relative path -> xxh3-128 of every file under *root* (None when it does not exist)."""
+    from registry.digest import digest_file
+
+    if not root.exists():
+        return None
+    return {p.relative_to(root).as_posix(): str(digest_file(p, with_sha256=False).xxh3)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def manifest_digests(home: Home, digest: str) -> dict[str, str]:
+    from registry.fetch import load_manifest
+
+    return {f.path: str(f.xxh3) for f in load_manifest(home.ctx, digest).files}
+
+
+def bad_cache_entries(cache: Path) -> list[str]:
+    """Finished cache entries (not `.tmp-*` fills, not stamps) whose bytes are not their name."""
+    from registry.digest import digest_file
+
+    bad = []
+    for path in sorted((cache / "xxh3-128").glob("*/*")):
+        if path.name.startswith("."):
+            continue
+        if digest_file(path, with_sha256=False).xxh3.hex != path.parent.name + path.name:
+            bad.append(str(path))
+    return bad
+
+
+def fetch_trial(number: int, half: str, home: Home, digest: str, *, previous: dict[str, str]
+                | None, delay: float, target: Path, cache: Path, summary: Summary) -> None:
+    env = {**home.env, "ENGINECTL_CACHE_DIR": str(cache)}
+    wanted = manifest_digests(home, digest)
+    argv = [ENGINECTL, "fetch", digest, "-o", str(target), *(["--force"] if previous else [])]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(delay)
+    exited = process.poll() is not None
+    if not exited:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.stderr is not None
+    stderr = process.stderr.read().decode(errors="replace")
+    process.stderr.close()
+    if exited and process.returncode != 0:
+        summary.failures.append(f"trial {number}: fetch failed on its own: {stderr[-500:]}")
+    found = tree_digests(target)
+    staging = len(list(target.parent.glob(f".{target.name}.*")))
+    if found == wanted:
+        outcome = "had already exited" if exited else "new content whole, before exit"
+    elif found == previous:
+        outcome = "previous content whole" if previous else "target absent"
+    elif found is None and previous is not None:
+        outcome = "target absent mid-swap (put back by the next fetch)"
+    else:
+        outcome = "PARTIAL"
+        summary.failures.append(f"trial {number} ({delay:.2f} s): the target holds "
+                                f"{len(found or {})} files, neither old nor new whole")
+    summary.phases[f"{outcome}{'; staging left' if staging else ''}"] += 1
+    summary.trials += 1
+    for bad in bad_cache_entries(cache):
+        summary.failures.append(f"trial {number}: CORRUPT cache entry {bad}")
+    if outcome.startswith("target absent mid-swap"):
+        # a fetch without --force must put the set-aside content back and refuse
+        run([ENGINECTL, "fetch", digest, "-o", str(target)], env)
+        if tree_digests(target) != previous:
+            summary.failures.append(f"trial {number}: the previous content did not come back")
+    retry = run([*argv[:5], "--force"], env)
+    if retry.returncode != 0:
+        summary.failures.append(f"trial {number}: retry exited {retry.returncode}: "
+                                f"{retry.stderr[-500:]}")
+    elif tree_digests(target) != wanted:
+        summary.failures.append(f"trial {number}: after the retry the target is not whole")
+    left = len(list(target.parent.glob(f".{target.name}.*")))
+    if left:
+        summary.failures.append(f"trial {number}: {left} staging dirs left after the retry")
+    log(f"  {half} trial {number:3d}: kill at {delay:5.2f} s → {outcome}; staging {staging}; "
+        f"failures so far {len(summary.failures)}")
+
+
+def fetch_main(args: argparse.Namespace, rng: random.Random, tmp: Path) -> dict[str, Summary]:
+    halves: dict[str, Summary] = {}
+    with ExitStack() as stack, backend_env(args.backend, tmp, stack) as env:
+        home = Home(env)
+        stack.callback(home.close)
+        digests = []
+        for name in ("new", "old"):
+            engine = tmp / f"engine-{name}"
+            make_engine(engine, rng)
+            done = run([ENGINECTL, "import", str(engine), *IMPORT_ARGS], env)
+            digests.append(json.loads(done.stdout)["digest"])
+            rmtree(engine)
+        new, old = digests
+        probe = [timed_fetch(env, new, tmp / f"probe{i}", tmp / f"probe-cache{i}")
+                 for i in range(3)]
+        cold = median(probe)
+        print(f"typical cold fetch: {cold:.2f} s (median of 3, whole process; load {loadavg()})")
+        for half in ("COLD", "SWAP"):
+            count = args.trials // 2 if half == "COLD" else args.trials - args.trials // 2
+            summary = halves[half] = Summary()
+            shared_cache = tmp / "swap-cache"
+            for number in range(1, count + 1):
+                target = tmp / half.lower() / f"t{number}"
+                target.parent.mkdir(exist_ok=True)
+                if half == "COLD":
+                    cache, previous = tmp / "cold-cache" / str(number), None
+                else:
+                    cache = shared_cache
+                    run([ENGINECTL, "fetch", old, "-o", str(target)],
+                        {**env, "ENGINECTL_CACHE_DIR": str(cache)})
+                    previous = tree_digests(target)
+                window = cold if half == "COLD" else max(0.5, cold / 2)
+                fetch_trial(number, half, home, new, previous=previous,
+                            delay=rng.uniform(0, window), target=target, cache=cache,
+                            summary=summary)
+                rmtree(target)
+                if half == "COLD":
+                    rmtree(cache)
+            print(f"\n{half}: {summary.trials} trials, {len(summary.failures)} failures")
+            for phase, n in summary.phases.most_common():
+                print(f"  killed when: {phase:<62} {n:3d}")
+            for failure in summary.failures:
+                print(f"  FAILURE {failure}")
+    return halves
+
+
+def timed_fetch(env: dict[str, str], digest: str, target: Path, cache: Path) -> float:
+    start = time.perf_counter()
+    done = run([ENGINECTL, "fetch", digest, "-o", str(target)],
+               {**env, "ENGINECTL_CACHE_DIR": str(cache)})
+    if done.returncode != 0:
+        raise RuntimeError(f"fetch failed: {done.stderr[-2000:]}")
+    elapsed = time.perf_counter() - start
+    rmtree(target)
+    rmtree(cache)
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--verb", choices=("import", "fetch"), default="import")
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--backend", choices=("file", "s3pg"), default="file")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     args = parser.parse_args()
     rng = random.Random(args.seed)  # noqa: S311 - kill moments and test bytes, not secrets
     print(f"machine: {machine()}")
+    if args.verb == "fetch":
+        print(f"fetch: backend {args.backend}, {args.trials} trials, seed {args.seed}, "
+              f"engines {ENGINE_MB[0]}–{ENGINE_MB[1]} MB (tp 2)")
+        with scratch("enginectl-kill-fetch-") as tmp:
+            halves = fetch_main(args, rng, tmp)
+        total = sum(len(s.failures) for s in halves.values())
+        print(f"\ntotal: {sum(s.trials for s in halves.values())} trials, {total} failures "
+              f"({'meets' if total == 0 else 'MISSES'} the 0-failure target)")
+        sys.exit(1 if total else 0)
     print(f"backend {args.backend}, {args.trials} trials, seed {args.seed}, "
           f"engines {ENGINE_MB[0]}–{ENGINE_MB[1]} MB (tp 2)")
     halves: dict[str, Summary] = {}

@@ -1,10 +1,11 @@
-"""tag and untag: movable names (`llama70b/h100/prod`) for digests, with history kept."""
+"""tag and untag: movable names (`llama70b/h100/prod`) for digests, with history kept (in
+SQL and, as one record per move, in the store: `registry.history`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from registry import records
+from registry import history, records
 from registry.errors import UsageError
 from registry.refs import check_alias_name, resolve_ref
 
@@ -34,10 +35,10 @@ def tag(
                        else "; `enginectl smoke` it, or pass --allow-unready to override")
                 )
             note = f"override: tagged while {status}" + (f"; {note}" if note else "")
-        return digest, records.set_alias(session, alias, digest, note)
+        return digest, history.set_alias(ctx.store, session, alias, digest, note)
 
 
 def untag(ctx: Context, alias: str) -> str:
     """Remove *alias*; returns the digest it pointed at."""
     with ctx.registry.session() as session:
-        return records.remove_alias(session, alias)
+        return history.remove_alias(ctx.store, session, alias)

@@ -1,34 +1,143 @@
 """The local blob cache: fetched file bytes keyed by their xxh3-128 digest.
 
-A second fetch of the same content costs a re-hash and a hard link; an interrupted fetch
-resumes with the blobs it had finished. Entries are written to a temp name and renamed into
-place, then made read-only, so a crash never leaves a partial entry under a digest's name.
+    <root>/xxh3-128/<2 hex>/<30 hex>            an entry: one blob's bytes, read-only
+    <root>/xxh3-128/<2 hex>/.<30 hex>.verified  its stamp: size, mtime, ctime, inode and
+                                                device when its bytes were last proven
+    <root>/xxh3-128/<2 hex>/.tmp-<hex>          a fill in progress (or killed: gc removes it)
+
+Only `xxh3-128/` belongs to the cache: anything else under the root (the vLLM environment
+that scripts/install-vllm puts in ~/.cache/enginectl) is never read, listed or removed.
+
+A second fetch of the same content costs a stat and a hard link per file; an interrupted
+fetch resumes with the blobs it had finished. Entries are written to a temp name, verified,
+renamed into place and made read-only, so a crash never leaves a partial entry under a
+digest's name.
+
+Fetches hard-link entries into their targets, so an entry is shared with every fetched copy
+of it, and someone who edits a fetched file in place (after `chmod u+w`, or as root) edits
+the entry too. Every such edit changes the inode's ctime, which no one can set back; an
+entry is trusted only while its size, mtime, ctime, inode and device are the ones stamped
+when it was last verified. Otherwise it is re-hashed: stamped again when it still holds its
+digest's bytes (a link or chmod changes the ctime too), evicted when it does not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
+from typing import Final
 
-from registry.digest import Digest
+from registry.digest import Digest, digest_file
 from registry.filestore import remove_stale
+
+FOLDER: Final = "xxh3-128"
+
+
+def _stamp_of(info: os.stat_result) -> str:
+    return (f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} "
+            f"{info.st_dev}")
 
 
 class BlobCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, legacy: Iterable[Path] = ()) -> None:
         self.root = root
+        self.legacy = tuple(legacy)
+        """Older cache roots (same layout): their entries are re-hashed and moved into
+        *root* when a fetch needs them."""
 
     def path(self, digest: Digest) -> Path:
-        return self.root / digest.algorithm / digest.hex[:2] / digest.hex[2:]
+        return self._path_in(self.root, digest)
 
-    def has(self, digest: Digest, size: int) -> bool:
+    @staticmethod
+    def _path_in(root: Path, digest: Digest) -> Path:
+        if digest.algorithm != FOLDER:
+            raise ValueError(f"the cache holds xxh3-128 blobs, not {digest}")
+        return root / FOLDER / digest.hex[:2] / digest.hex[2:]
+
+    def _stamp_path(self, entry: Path) -> Path:
+        return entry.with_name(f".{entry.name}.verified")
+
+    def verified(self, digest: Digest, size: int) -> Path | None:
+        """The entry for *digest*, proven to hold its bytes; None when there is none (a
+        changed entry that no longer hashes to *digest* is evicted first). An entry found
+        only in an older cache place is re-hashed and moved here."""
+        entry = self.path(digest)
         try:
-            return self.path(digest).stat().st_size == size
+            info = entry.lstat()
+        except FileNotFoundError:
+            return self._adopt(digest, size)
+        if not _regular(info) or info.st_size != size:
+            self.evict(digest)
+            return None
+        if self._read_stamp(entry) == _stamp_of(info):
+            return entry
+        return entry if self._recheck(digest, entry) else None
+
+    def _recheck(self, digest: Digest, entry: Path) -> bool:
+        """Re-hash an entry whose stamp does not match; stamp or evict it."""
+        try:
+            # read, not mapped: an entry someone changed may also be truncated under us
+            good = digest_file(entry, with_sha256=False).xxh3 == digest
         except FileNotFoundError:
             return False
+        if good:
+            self._stamp(entry)
+        else:
+            self.evict(digest)
+        return good
+
+    def _adopt(self, digest: Digest, size: int) -> Path | None:
+        for root in self.legacy:
+            old = self._path_in(root, digest)
+            try:
+                if old.stat().st_size != size or digest_file(
+                        old, with_sha256=False).xxh3 != digest:
+                    continue
+            except FileNotFoundError:
+                continue
+            entry = self.path(digest)
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                old.replace(entry)
+            except OSError:  # another file system: copy it over, verified again
+                self.fill(digest, functools.partial(_copy_verified, old, digest=digest))
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            else:
+                with contextlib.suppress(OSError):
+                    entry.chmod(0o444)
+                self._stamp(entry)
+            with contextlib.suppress(OSError):
+                self._stamp_path(old).unlink()
+            return entry
+        return None
+
+    def place(self, digest: Digest, target: Path) -> bool:
+        """Hard-link the entry to *target* (a copy where links do not work) if it is still
+        the entry last verified; False (nothing placed) when it changed and no longer holds
+        the digest's bytes (it is evicted)."""
+        entry = self.path(digest)
+        try:
+            info = entry.lstat()
+        except FileNotFoundError:
+            return False
+        if self._read_stamp(entry) != _stamp_of(info) and not self._recheck(digest, entry):
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(entry, target)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(entry, target)
+            return True
+        self._stamp(entry)  # the new link changed the entry's ctime
+        return True
 
     def fill(self, digest: Digest, write: Callable[[Path], None]) -> Path:
         """Run *write(temp_path)* (which must verify what it writes), then publish the entry."""
@@ -42,13 +151,61 @@ class BlobCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
+        self._stamp(final)
         return final
 
     def evict(self, digest: Digest) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path(digest).unlink()
+        entry = self.path(digest)
+        for path in (self._stamp_path(entry), entry):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def _read_stamp(self, entry: Path) -> str | None:
+        try:
+            return self._stamp_path(entry).read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _stamp(self, entry: Path) -> None:
+        """Record the entry's inode as it is now, as verified (atomically, so two fetches
+        stamping at once leave one whole stamp)."""
+        try:
+            stamp = _stamp_of(entry.lstat())
+        except FileNotFoundError:
+            return
+        temp = entry.parent / f".tmp-{uuid.uuid4().hex}"
+        try:
+            temp.write_text(stamp, encoding="ascii")
+            temp.replace(self._stamp_path(entry))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Temp entries (`.tmp-*`) of fills killed before *before*: a fetch that was
-        interrupted resumes from its finished entries, never from these."""
-        return remove_stale(self.root.glob("*/*/.tmp-*"), before, dry_run=dry_run)
+        interrupted resumes from its finished entries, never from these. Only `xxh3-128/`
+        is looked at, here and in the older cache places."""
+        paths = [path for root in (self.root, *self.legacy)
+                 for path in (root / FOLDER).glob("*/.tmp-*")]
+        return remove_stale(paths, before, dry_run=dry_run)
+
+    def count(self, digests: Iterable[Digest]) -> int:
+        """How many of *digests* have an entry here (unverified: for messages)."""
+        return sum(1 for digest in digests if self.path(digest).is_file())
+
+
+def _regular(info: os.stat_result) -> bool:
+    import stat
+
+    return stat.S_ISREG(info.st_mode)
+
+
+def _copy_verified(source: Path, temp: Path, *, digest: Digest) -> None:
+    import shutil
+
+    from registry.errors import IntegrityError
+
+    shutil.copyfile(source, temp)
+    actual = digest_file(temp, with_sha256=False).xxh3
+    if actual != digest:
+        raise IntegrityError(str(source), expected=digest, actual=actual)

@@ -1,7 +1,9 @@
 """The handles every registry verb works with: store, SQL registry and fetch cache.
 
 Opened lazily from `RegistryConfig`, so a command that needs only the store never opens the
-database, and nothing heavy is imported until it is used. A context manager, for deploy tools:
+database, and nothing heavy is imported until it is used. A directory setting that names a
+file (ENGINECTL_HOME, ENGINECTL_CACHE_DIR) is refused when the handle that needs it opens.
+A context manager, for deploy tools:
 
     with Context() as ctx:          # from the environment, like the CLI
         pull(ctx, "llama70b/h100/prod", "/models")
@@ -15,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from registry.cache import BlobCache
-from registry.config import RegistryConfig
+from registry.config import RegistryConfig, check_directory
 
 if TYPE_CHECKING:
     from registry.db import Registry
@@ -30,17 +32,27 @@ class Context:
     def store(self) -> Store:
         from registry.store import open_store
 
+        if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
+            self._check_home()
         return open_store(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
 
     @cached_property
     def registry(self) -> Registry:
         from registry.db import open_registry
 
+        if "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
+            self._check_home()
         return open_registry(self.config.registry_url)
 
     @cached_property
     def cache(self) -> BlobCache:
-        return BlobCache(self.config.cache_dir)
+        check_directory(self.config.cache_dir, what="the fetch cache",
+                        variable="ENGINECTL_CACHE_DIR")
+        return BlobCache(self.config.cache_dir, self.config.legacy_cache_dirs)
+
+    def _check_home(self) -> None:
+        """The default store and registry live in the home: it must be a directory."""
+        check_directory(self.config.home, what="enginectl's home", variable="ENGINECTL_HOME")
 
     def close(self) -> None:
         """Close the registry's connections, if it was opened (idempotent)."""

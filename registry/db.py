@@ -21,13 +21,21 @@ SQLite runs in WAL mode with a 30 s busy timeout and foreign keys on; every writ
 starts with `BEGIN IMMEDIATE`, so read-modify-write sequences are serialised across processes
 instead of failing half-way with "database is locked". Hold one write session at a time.
 
+A SQLite file is created whole (initialised beside its final name, then linked into place),
+so an empty file is never one of ours: a zero-byte `registry.db` is refused, never silently
+taken for a new registry (delete it to start one). A file that is not a database, or is
+truncated or scrambled, is `DamagedRegistryError`: one line naming the file and
+`enginectl reindex`, which rebuilds the registry from the store.
+
 Errors: `IntegrityError` becomes `ConflictError`, `OperationalError` (unreachable, locked)
 becomes `RegistryError`; both name the URL with its password hidden.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import ORMExecuteState, Session
 
-from registry.errors import ConflictError, RegistryError, SchemaError
+from registry.errors import ConflictError, DamagedRegistryError, RegistryError, SchemaError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -134,6 +142,48 @@ def _translating(url: str) -> Iterator[None]:
     except OperationalError as exc:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise RegistryError(f"cannot use registry {url}: {detail}") from exc
+    except DatabaseError as exc:  # SQLite: "file is not a database", "disk image is malformed"
+        lines = (str(exc.orig) if exc.orig else str(exc)).strip().splitlines()
+        first = lines[0] if lines else type(exc).__name__
+        path = _sqlite_file(make_url(url)) if url.startswith("sqlite") else None
+        if path is not None:
+            raise DamagedRegistryError(str(path), first) from exc
+        raise RegistryError(f"cannot use registry {url}: {first}") from exc
+
+
+def prepare_sqlite_file(path: Path) -> None:
+    """Refuse an empty file (DamagedRegistryError); create a missing one whole, so that no
+    process ever sees a registry file of ours empty (sqlite3 would create it empty and
+    write its header only later)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = None
+    if size == 0:
+        raise DamagedRegistryError(str(path))
+    if size is not None:
+        return
+    import sqlite3
+    import uuid
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RegistryError(f"cannot create the registry's folder {path.parent}: "
+                            f"{exc.strerror or exc}") from exc
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    try:
+        with contextlib.closing(sqlite3.connect(temp)) as connection:
+            connection.execute("PRAGMA journal_mode = WAL")  # writes the header: not empty
+        with contextlib.suppress(FileExistsError):  # another process made it first
+            os.link(temp, path)
+    except OSError as exc:
+        raise RegistryError(f"cannot create registry file {path}: {exc.strerror or exc}"
+                            ) from exc
+    finally:
+        for leftover in (temp, temp.with_name(f"{temp.name}-wal"),
+                         temp.with_name(f"{temp.name}-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -181,7 +231,7 @@ def make_engine(url: str) -> Engine:
         )
     path = _sqlite_file(parsed)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        prepare_sqlite_file(path)
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
@@ -257,6 +307,8 @@ def current(url: str) -> str | None:
         path = None  # make_engine explains
     if path is not None and not path.exists():
         return None
+    if path is not None and path.stat().st_size == 0:
+        raise DamagedRegistryError(str(path))
     engine = make_engine(url)
     try:
         with _translating(safe_url(url)):
@@ -324,6 +376,16 @@ class Registry:
         state = schema_state(revision)
         if state != "current":
             raise _schema_error(revision, state, self.url)
+
+    @contextmanager
+    def gc_lock(self, *, shared: bool, blocking: bool = True) -> Iterator[bool]:
+        """The registry's gc lock (`registry.gclock`): exclusive for gc's mark-and-sweep,
+        shared for a publish's check-and-register. Yields whether it is held."""
+        from registry import gclock
+
+        with _translating(self.url), gclock.hold(self._engine, _sqlite_file(self._engine.url),
+                                                 shared=shared, blocking=blocking) as held:
+            yield held
 
     def close(self) -> None:
         self._engine.dispose()

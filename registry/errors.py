@@ -4,16 +4,23 @@
     ├── UsageError                 bad command-line input (exit 2)
     │   ├── UnknownModelError      resolve for a model the registry has no artifact of:
     │   │                          model, the models it knows
-    │   └── NothingResolvableError every artifact of the model was rejected for the node:
-    │                              model, gpu, one reason per artifact
+    │   ├── NothingResolvableError every artifact of the model was rejected for the node:
+    │   │                          model, gpu, one reason per artifact
+    │   └── ConfigError            a bad value in the environment (ENGINECTL_HOME is a file,
+    │                              ENGINECTL_S3_ENDPOINT_URL is not a URL): variable, value
+    ├── StoppedError               the user interrupted a fetch or publish (Ctrl-C, exit 130);
+    │                              says what was kept and that a re-run resumes
     └── RegistryError              registry, store or integrity problem (exit 4)
         ├── StoreError             a store operation failed for good: url/key, operation,
         │                          S3 error code and request id (transient ones are retried)
         ├── NotFoundError          a blob or manifest is not in the store: url and key
-        ├── IntegrityError         bytes do not match their digest: where, expected, actual
+        ├── IntegrityError         bytes do not match their digest (or their size): where,
+        │                          expected, actual
         ├── ManifestError          a manifest is malformed or unsafe (bad path, duplicate)
         ├── SchemaError            the SQL registry's schema is missing, behind or newer than
         │                          this binary: revision, head, url
+        ├── DamagedRegistryError   the registry's SQLite file is not a database, is damaged
+        │                          or is empty: path
         ├── ConflictError          a registry write collides with an existing row: what
         ├── RecordNotFoundError    no such artifact, alias or stage run in the registry:
         │                          what, name
@@ -40,6 +47,23 @@ class EnginectlError(Exception):
 
 class UsageError(EnginectlError):
     exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A setting from the environment cannot be used as it is; *variable* names it."""
+
+    def __init__(self, message: str, *, variable: str | None = None,
+                 value: str | None = None) -> None:
+        self.variable = variable
+        self.value = value
+        super().__init__(message)
+
+
+class StoppedError(EnginectlError):
+    """Interrupted by the user (SIGINT): what was in flight was cancelled, nothing half-done
+    is visible, and the message says what was kept for a re-run."""
+
+    exit_code = 130
 
 
 class RegistryError(EnginectlError):
@@ -86,15 +110,19 @@ class NotFoundError(RegistryError):
 
 
 class IntegrityError(RegistryError):
-    """Bytes at *location* (a local path or a store object) do not match their digest."""
+    """Bytes at *location* (a local path or a store object) do not match their digest; or,
+    with *actual* None, they cannot be it (*detail* says why: the wrong size)."""
 
-    def __init__(self, location: str, *, expected: Digest, actual: Digest) -> None:
+    def __init__(self, location: str, *, expected: Digest, actual: Digest | None,
+                 detail: str | None = None, hint: str | None = None) -> None:
         self.location = location
         self.expected = expected
         self.actual = actual
-        super().__init__(
-            f"integrity check failed for {location}: expected {expected}, got {actual}"
-        )
+        self.detail = detail
+        self.hint = hint
+        got = f"got {actual}" if actual is not None else (detail or "got other bytes")
+        message = f"integrity check failed for {location}: expected {expected}, {got}"
+        super().__init__(f"{message}; {hint}" if hint else message)
 
 
 class SchemaError(RegistryError):
@@ -111,6 +139,25 @@ class SchemaError(RegistryError):
         self.revision = revision
         self.head = head
         self.url = url
+        super().__init__(message)
+
+
+class DamagedRegistryError(RegistryError):
+    """The SQLite file at *path* is not a usable database (garbage, truncated, scrambled or
+    empty); the store still holds everything, and `enginectl reindex` rebuilds from it."""
+
+    def __init__(self, path: str, detail: str | None = None) -> None:
+        self.path = path
+        self.detail = detail
+        if detail is None:  # an empty file is never taken for a new registry
+            message = (f"registry file {path} is empty (0 bytes), not a registry: if it was "
+                       f"truncated, move it aside (mv {path} {path}.damaged) and run "
+                       "`enginectl reindex` to rebuild it from the store; to start a new, "
+                       "empty registry, delete it")
+        else:
+            message = (f"registry file {path} is damaged ({detail}); move it aside (mv {path} "
+                       f"{path}.damaged) and run `enginectl reindex` to rebuild it from the "
+                       "store")
         super().__init__(message)
 
 

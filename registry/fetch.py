@@ -14,23 +14,34 @@ import os
 import shutil
 import socket
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from registry.cache import BlobCache
+from registry.damage import set_aside_damaged_blob, set_aside_damaged_manifest
 from registry.digest import Digest, digest_file
-from registry.errors import IntegrityError, ManifestError, RecordNotFoundError, UsageError
+from registry.errors import (
+    IntegrityError,
+    ManifestError,
+    RecordNotFoundError,
+    StoppedError,
+    UsageError,
+)
 from registry.lookup import Found, lookup
 from registry.manifest import FileEntry, Manifest
 from registry.progress import NoProgress, Progress
 from registry.store import WORKERS, Store
+from registry.workers import Workers
 
 if TYPE_CHECKING:
     from registry.context import Context
 
 Verify = Literal["fast", "strict"]
+PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+"""Kernel views a fetch never writes into."""
 
 
 @dataclass(frozen=True)
@@ -51,14 +62,48 @@ def _check_target(dest: Path, force: bool) -> None:
         raise UsageError(f"{dest} is not empty; fetch into an empty directory or pass --force")
 
 
-def _rehash(path: Path, entry: FileEntry) -> None:
-    """`--verify strict` of a cache entry: xxh3-128 and sha256 (the entry is a read-only file
-    enginectl wrote, so it is hashed through mmap)."""
-    found = digest_file(path, mapped=True)
-    if found.xxh3 != entry.xxh3:
-        raise IntegrityError(entry.path, expected=entry.xxh3, actual=found.xxh3)
-    if found.sha256 is not None and found.sha256 != entry.sha256:  # always set: with_sha256
-        raise IntegrityError(entry.path, expected=entry.sha256, actual=found.sha256)
+def protected_places(store: Store, cache: BlobCache,
+                     extra: Iterable[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
+    """What a fetch target may never be, nor be a folder above: `/`, the working directory,
+    the user's home, the store (`file://`) and the cache, plus *extra* (enginectl's home)."""
+    places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
+              *(("an older fetch cache", root) for root in cache.legacy), *extra]
+    for what, where in (("the working directory", Path.cwd), ("your home directory",
+                                                             Path.home)):
+        with contextlib.suppress(OSError, RuntimeError):  # a removed cwd, no HOME
+            places.append((what, where()))
+    root = getattr(store, "root", None)
+    if isinstance(root, Path):
+        places.append(("the store", root))
+    return places
+
+
+def check_target_place(dest: Path, places: Iterable[tuple[str, Path]]) -> Path:
+    """*dest* made absolute with `..` resolved; UsageError when it is, or is above, one of
+    *places*, lies inside the store or the cache, or lies in /proc, /sys or /dev."""
+    absolute = _lexical(dest)
+    seen = {absolute, absolute.resolve()}
+    for what, place in places:
+        for candidate in seen:
+            for known in {_lexical(place), place.resolve()}:
+                if candidate == known or candidate in known.parents:
+                    raise UsageError(
+                        f"refusing to fetch into {dest}: it is {what} ({known}) or a folder "
+                        "above it; fetch into a directory of its own, e.g. -o ./model")
+                if what in ("the store", "the fetch cache") and known in candidate.parents:
+                    raise UsageError(f"refusing to fetch into {dest}: it is inside {what} "
+                                     f"({known}); fetch into a directory of its own")
+    for candidate in seen:
+        for pseudo in PSEUDO_FILE_SYSTEMS:
+            if candidate == pseudo or pseudo in candidate.parents:
+                raise UsageError(f"refusing to fetch into {dest}: {pseudo} is a view of the "
+                                 "kernel, not storage; fetch into a directory on a disk")
+    return absolute
+
+
+def _lexical(path: Path) -> Path:
+    """*path* absolute, with `.` and `..` parts folded away as written (no links followed)."""
+    return Path(os.path.normpath(path.absolute()))
 
 
 def _inside(root: Path, relative: str) -> Path:
@@ -70,12 +115,76 @@ def _inside(root: Path, relative: str) -> Path:
     return target
 
 
-def _place(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _strict(path: Path, entry: FileEntry) -> None:
+    """`--verify strict` of a placed file: xxh3-128 and sha256 (a hard link to a cache entry,
+    or a copy enginectl just made, so it is hashed through mmap)."""
+    found = digest_file(path, mapped=True)
+    if found.xxh3 != entry.xxh3:
+        raise IntegrityError(entry.path, expected=entry.xxh3, actual=found.xxh3)
+    if found.sha256 is not None and found.sha256 != entry.sha256:  # always set: with_sha256
+        raise IntegrityError(entry.path, expected=entry.sha256, actual=found.sha256)
+
+
+def _staging(dest: Path) -> Path:
+    """A private temp directory beside *dest*, named so `_clear_abandoned` can find it."""
     try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-{_owner()}-", dir=dest.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot write beside {dest}: {exc.strerror or exc}; fetch into a "
+                         "directory you can write") from exc
+
+
+class _Run:
+    """One fetch's moving parts, shared by its worker threads."""
+
+    def __init__(self, store: Store, manifest: Manifest, cache: BlobCache,
+                 progress: Progress) -> None:
+        self.store, self.manifest, self.cache, self.progress = store, manifest, cache, progress
+        self.by_digest = {entry.xxh3: entry for entry in manifest.files}
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.downloaded = 0
+
+    def download(self, digest: Digest) -> None:
+        entry = self.by_digest[digest]
+        try:
+            self.cache.fill(digest, lambda temp: self.store.get_blob(
+                digest, temp, size=entry.size, progress=self.progress.advance, stop=self.stop))
+        except IntegrityError as exc:
+            aside = set_aside_damaged_blob(self.store, digest, entry.size, exc)
+            hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish the "
+                    "same content again (`enginectl import`, or rebuild) to restore it"
+                    if aside else "read again, it gave other bytes: the network or the "
+                                  "server is corrupting transfers; retry the fetch")
+            raise IntegrityError(f"{entry.path} ({exc.location})", expected=exc.expected,
+                                 actual=exc.actual, detail=exc.detail, hint=hint) from exc
+        with self._lock:
+            self.downloaded += entry.size
+
+    def place(self, entry: FileEntry, staging: Path, *, cached: bool, verify: Verify) -> None:
+        target = _inside(staging, entry.path)
+        if not self.cache.place(entry.xxh3, target):
+            # changed since it was verified (someone edited a fetched copy): fetch it again
+            self.download(entry.xxh3)
+            if not self.cache.place(entry.xxh3, target):
+                raise IntegrityError(str(self.cache.path(entry.xxh3)), expected=entry.xxh3,
+                                     actual=None, detail="a cache entry that keeps changing")
+        if verify == "strict":
+            try:
+                _strict(target, entry)
+            except IntegrityError:
+                self.cache.evict(entry.xxh3)
+                raise
+        if cached:
+            self.progress.advance(entry.size)
+
+    def kept(self) -> str:
+        """For the message of an interrupted fetch: what the cache holds of this artifact."""
+        have = [d for d in self.by_digest if self.cache.path(d).is_file()]
+        size = sum(self.by_digest[d].size for d in have)
+        return (f"{len(have)} of {len(self.by_digest)} blobs ({size} of "
+                f"{self.manifest.size} bytes) are in the cache {self.cache.root}")
 
 
 def fetch_manifest(
@@ -87,57 +196,47 @@ def fetch_manifest(
     verify: Verify = "fast",
     force: bool = False,
     progress: Progress | None = None,
+    protect: Iterable[tuple[str, Path]] = (),
 ) -> Fetched:
-    """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*."""
-    dest = Path(dest).absolute()
+    """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*, and
+    never one of `protected_places` (or above one). Ctrl-C (KeyboardInterrupt) stops every
+    transfer at its next chunk and raises StoppedError saying what the cache kept."""
+    dest = check_target_place(Path(dest), protected_places(store, cache, protect))
     _clear_abandoned(dest)  # first: it may put back what a killed fetch had set aside
     _check_target(dest, force)
-    progress = progress or NoProgress()
-    by_digest = {entry.xxh3: entry for entry in manifest.files}
-    cached = {d for d, e in by_digest.items() if cache.has(d, e.size)}
-    missing = [d for d in by_digest if d not in cached]
-    downloaded = sum(by_digest[d].size for d in missing)
-    progress.start("fetching", manifest.size)
-
-    def download(digest: Digest) -> None:
-        entry = by_digest[digest]
-        try:
-            cache.fill(digest, lambda temp: store.get_blob(
-                digest, temp, size=entry.size, progress=progress.advance))
-        except IntegrityError as exc:
-            raise IntegrityError(
-                f"{entry.path} ({exc.location})", expected=exc.expected, actual=exc.actual
-            ) from exc
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.fetch-{_owner()}-", dir=dest.parent))
+    run = _Run(store, manifest, cache, progress or NoProgress())
+    pool = Workers(WORKERS, name="fetch")
+    staging: Path | None = None
     try:
-        with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(download, missing))
-
-            def place(entry: FileEntry) -> None:
-                source = cache.path(entry.xxh3)
-                # The cache holds only bytes verified on their way in (read-only entries
-                # renamed into place), so `fast` trusts them; `strict` re-hashes everything.
-                if verify == "strict":
-                    try:
-                        _rehash(source, entry)
-                    except IntegrityError:
-                        cache.evict(entry.xxh3)
-                        raise
-                if entry.xxh3 in cached:
-                    progress.advance(entry.size)
-                _place(source, _inside(staging, entry.path))
-
-            list(pool.map(place, manifest.files))
+        found = list(pool.map(lambda d: cache.verified(d, run.by_digest[d].size) is not None,
+                              run.by_digest))
+        cached = {d for d, ok in zip(run.by_digest, found, strict=True) if ok}
+        missing = [d for d in run.by_digest if d not in cached]
+        run.progress.start("fetching", manifest.size)
+        staging = _staging(dest)
+        list(pool.map(run.download, missing))
+        list(pool.map(lambda e: run.place(e, staging, cached=e.xxh3 in cached, verify=verify),
+                      manifest.files))
         staging.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
         _swap_into_place(staging, dest)
+    except KeyboardInterrupt as exc:
+        run.stop.set()  # in-flight reads end at their next chunk; daemon threads never wait
+        pool.shutdown(wait=False, cancel_futures=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        run.progress.finish()
+        raise StoppedError(f"interrupted: {dest} was left as it was; {run.kept()}; run the "
+                           "same fetch again to resume from them") from exc
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        run.stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # nothing writes into staging after
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        progress.finish()
-    return Fetched(manifest, dest, downloaded, manifest.size - downloaded)
+        run.progress.finish()
+    pool.shutdown()
+    return Fetched(manifest, dest, run.downloaded, manifest.size - run.downloaded)
 
 
 def _owner() -> str:
@@ -188,7 +287,7 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
     dest.rename(old)
     try:
         staging.rename(dest)
-    except OSError:
+    except BaseException:  # an OSError, or Ctrl-C between the two renames
         old.rename(dest)
         raise
     with contextlib.suppress(OSError):
@@ -197,7 +296,23 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
 
 def load_manifest(ctx: Context, digest: str) -> Manifest:
     """The manifest of *digest* from the store, verified and checked for safety."""
-    manifest = Manifest.from_bytes(ctx.store.get_manifest(Digest.parse(digest)))
+    return manifest_of(ctx.store, digest)
+
+
+def manifest_of(store: Store, digest: str, *, heal: bool = False) -> Manifest:
+    """The manifest of *digest* from *store*, verified and checked for safety; with *heal*,
+    one that fails its sha256 twice is set aside (`registry.damage`) before the error."""
+    try:
+        data = store.get_manifest(Digest.parse(digest))
+    except IntegrityError as exc:
+        if not heal:
+            raise
+        aside = set_aside_damaged_manifest(store, Digest.parse(digest))
+        hint = (f"it was moved to {aside} in {store.url}; publish the same content again "
+                "(`enginectl import`, or rebuild) to restore it" if aside else None)
+        raise IntegrityError(exc.location, expected=exc.expected, actual=exc.actual,
+                             hint=hint) from exc
+    manifest = Manifest.from_bytes(data)
     if str(manifest.digest) != digest:
         raise IntegrityError(f"manifest {digest}", expected=Digest.parse(digest),
                              actual=manifest.digest)
@@ -240,13 +355,16 @@ def fetch(
 
     A full digest the registry does not know is still fetched from the store, so a deploy
     node needs only the bucket. The registry is read without SQLAlchemy (`registry.lookup`)
-    so that a fetch starts quickly. A `quarantined` artifact is refused unless
-    *allow_unready*; see `status_notes` for what else is said."""
+    so that a fetch starts quickly. The target is checked before anything is read. A
+    `quarantined` artifact is refused unless *allow_unready*; see `status_notes` for what
+    else is said."""
+    protect = [("enginectl's home", ctx.config.home)]
+    dest = check_target_place(Path(dest), protected_places(ctx.store, ctx.cache, protect))
     found = find(ctx, ref)
-    manifest = load_manifest(ctx, found.digest)
+    manifest = manifest_of(ctx.store, found.digest, heal=True)
     notes = status_notes(found, manifest.kind, allow_unready=allow_unready)
-    fetched = fetch_manifest(ctx.store, manifest, Path(dest), cache=ctx.cache, verify=verify,
-                             force=force, progress=progress)
+    fetched = fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
+                             force=force, progress=progress, protect=protect)
     return replace(fetched, notes=notes)
 
 

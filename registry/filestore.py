@@ -3,7 +3,8 @@
 Writes go to a hidden temp file beside the final name, are fsynced, then `os.replace`d into
 place (and the folder fsynced), so a crash never leaves a partial object under its final
 name; the strict key parser makes every listing skip those temp files. Stored files are
-made read-only. OS errors become `StoreError` with the path.
+made read-only. A damaged object is set aside by a rename into `damaged/`. OS errors become
+`StoreError` with the path.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import mmap
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,9 +32,11 @@ from registry.layout import (
     parse_blob_key,
     parse_manifest_key,
 )
-from registry.store import BlobInfo, Progress
+from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 
 COPY_CHUNK: Final = 4 << 20
+KERNEL_STEP: Final = 256 << 20
+"""copy_file_range is asked for this much at a time, so a stopped fetch ends promptly."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -64,16 +68,20 @@ def _atomic_write(final: Path) -> Iterator[IO[bytes]]:
 
 
 def _kernel_copy_hashing(
-    source: IO[bytes], dest: IO[bytes], progress: Progress | None
+    source: IO[bytes], dest: IO[bytes], progress: Progress | None,
+    stop: threading.Event | None = None,
 ) -> Digest | None:
     """Copy inside the kernel (copy_file_range: no user-space copy, reflinks where the file
-    system has them), then hash what landed in *dest* through mmap, which verifies the
-    copy itself. None when the kernel cannot copy between these files: use the read loop."""
+    system has them, in steps of KERNEL_STEP so that a stop is noticed), then hash what
+    landed in *dest* through mmap, which verifies the copy itself. None when the kernel
+    cannot copy between these files: use the read loop."""
     size = os.fstat(source.fileno()).st_size
     copied = 0
     try:
         while copied < size:
-            moved = os.copy_file_range(source.fileno(), dest.fileno(), size - copied)
+            check_stop(stop)
+            moved = os.copy_file_range(source.fileno(), dest.fileno(),
+                                       min(size - copied, KERNEL_STEP))
             if moved == 0:
                 break
             copied += moved
@@ -92,14 +100,23 @@ def _kernel_copy_hashing(
     return Digest("xxh3-128", hasher.hexdigest())
 
 
-def _copy_hashing(source: IO[bytes], dest: IO[bytes], progress: Progress | None) -> Digest:
+def _copy_hashing(source: IO[bytes], dest: IO[bytes], progress: Progress | None,
+                  stop: threading.Event | None = None) -> Digest:
     hasher = xxhash.xxh3_128()
     while chunk := source.read(COPY_CHUNK):
+        check_stop(stop)
         hasher.update(chunk)
         dest.write(chunk)
         if progress is not None:
             progress(len(chunk))
     return Digest("xxh3-128", hasher.hexdigest())
+
+
+def _check_size(source: IO[bytes], size: int | None, where: str, digest: Digest) -> None:
+    found = os.fstat(source.fileno()).st_size
+    if size is not None and found != size:
+        raise IntegrityError(where, expected=digest, actual=None,
+                             detail=f"{found} bytes where {size} are expected")
 
 
 def remove_stale(paths: Iterable[Path], before: datetime, *, dry_run: bool = False) -> int:
@@ -148,30 +165,39 @@ class FileStore:
     def has_blob(self, digest: Digest) -> bool:
         return self._path(blob_key(digest)).is_file()
 
-    def missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
-        return {digest for digest in set(digests) if not self.has_blob(digest)}
+    def _blob_size(self, digest: Digest) -> int | None:
+        try:
+            info = self._path(blob_key(digest)).lstat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
 
-    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None) -> None:
+    def missing_blobs(self, digests: Iterable[Digest] | Mapping[Digest, int]) -> set[Digest]:
+        sizes = sizes_of(digests)
+        return {digest for digest, size in sizes.items()
+                if (found := self._blob_size(digest)) is None
+                or (size is not None and found != size)}
+
+    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
+                 stop: threading.Event | None = None) -> None:
         key = blob_key(digest)
         final = self._path(key)
-        if final.is_file():
-            return
-        with (
-            self._os_errors("put_blob", key),
-            source.open("rb") as src,
-            _atomic_write(final) as handle,
-        ):
-            actual = _copy_hashing(src, handle, progress)
-            if actual != digest:  # the temp file is removed; nothing lands under the key
-                raise IntegrityError(str(source), expected=digest, actual=actual)
+        with self._os_errors("put_blob", key):
+            if self._blob_size(digest) == source.stat().st_size:
+                return  # the same size: trusted (a flipped byte is fetch's and fsck's to find)
+            with source.open("rb") as src, _atomic_write(final) as handle:
+                actual = _copy_hashing(src, handle, progress, stop)
+                if actual != digest:  # the temp file is removed; nothing lands under the key
+                    raise IntegrityError(str(source), expected=digest, actual=actual)
 
     def get_blob(
         self,
         digest: Digest,
         dest: Path,
         *,
-        size: int | None = None,  # noqa: ARG002 - a local read needs no plan
+        size: int | None = None,
         progress: Progress | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         key = blob_key(digest)
         path = self._path(key)
@@ -182,9 +208,10 @@ class FileStore:
                 except FileNotFoundError as exc:
                     raise NotFoundError(f"blob {digest}", url=self.url, key=key) from exc
                 with src, dest.open("w+b") as out:
-                    actual = _kernel_copy_hashing(src, out, progress)
+                    _check_size(src, size, str(path), digest)
+                    actual = _kernel_copy_hashing(src, out, progress, stop)
                     if actual is None:
-                        actual = _copy_hashing(src, out, progress)
+                        actual = _copy_hashing(src, out, progress, stop)
         except BaseException:
             dest.unlink(missing_ok=True)
             raise
@@ -223,10 +250,14 @@ class FileStore:
         actual = sha256_of(data)
         if actual != digest:
             raise IntegrityError(f"manifest data for {final}", expected=digest, actual=actual)
-        if final.is_file():
-            return
-        with self._os_errors("put_manifest", key), _atomic_write(final) as handle:
-            handle.write(data)
+        with self._os_errors("put_manifest", key):
+            try:
+                if final.read_bytes() == data:
+                    return  # verified: manifests are small enough to compare every time
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+            with _atomic_write(final) as handle:  # absent, or damaged: replaced whole
+                handle.write(data)
 
     def get_manifest(self, digest: Digest) -> bytes:
         key = manifest_key(digest)
@@ -251,6 +282,53 @@ class FileStore:
     def delete_manifest(self, digest: Digest) -> None:
         key = manifest_key(digest)
         with self._os_errors("delete_manifest", key):
+            self._path(key).unlink(missing_ok=True)
+
+    # small objects (records) and objects set aside
+
+    def put_object(self, key: str, data: bytes) -> None:
+        final = self._path(key)
+        with self._os_errors("put_object", key), _atomic_write(final) as handle:
+            handle.write(data)
+
+    def get_object(self, key: str) -> bytes:
+        path = self._path(key)
+        with self._os_errors("get_object", key):
+            try:
+                return path.read_bytes()
+            except FileNotFoundError as exc:
+                raise NotFoundError(f"object {key}", url=self.url, key=key) from exc
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every regular file under *prefix* (a folder key ending in `/`), in key order;
+        temp files are listed too (callers parse keys strictly)."""
+        top = self._path(prefix.rstrip("/"))
+        for directory, subdirs, files in os.walk(top):
+            subdirs.sort()
+            for name in sorted(files):
+                path = Path(directory) / name
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    key = path.relative_to(self.root).as_posix()
+                    yield ObjectInfo(key, info.st_size, datetime.fromtimestamp(info.st_mtime, UTC))
+
+    def move_object(self, key: str, new_key: str) -> bool:
+        """Rename *key* to *new_key* (same file system: atomic); False when absent."""
+        source, target = self._path(key), self._path(new_key)
+        with self._os_errors("move_object", key):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                source.rename(target)
+            except FileNotFoundError:
+                return False
+            _fsync_dir(source.parent)
+        return True
+
+    def delete_object(self, key: str) -> None:
+        with self._os_errors("delete_object", key):
             self._path(key).unlink(missing_ok=True)
 
     # listing

@@ -55,7 +55,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         evidence = _evidence(evidence_for(session, [digest])[digest])
         history = {name: [
             {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
-             "note": e.note}
+             "note": e.note, "details": e.details}
             for e in records.alias_history(session, name)
         ] for name in aliases}
         manifest = load_manifest(ctx, digest)

@@ -9,7 +9,8 @@ same rules as `registry.refs` (which this shares). `plan` reads the same way whi
 keys are built and the toolchain last probed on a pool (`built_keys`, `last_toolchain`).
 
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
-or has no tables yet, is a registry with no artifacts.
+or has no tables yet, is a registry with no artifacts; one that is empty (0 bytes), not a
+database, truncated or scrambled is `DamagedRegistryError`, as in `registry.db`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from registry.errors import RegistryError
+from registry.errors import DamagedRegistryError, RegistryError
 from registry.refs import resolve_with
 
 
@@ -164,7 +165,17 @@ def _reader(url: str) -> Iterator[_Reader]:
     except driver_error as exc:
         lines = str(exc).strip().splitlines()
         detail = lines[0] if lines else type(exc).__name__
+        if scheme == "sqlite" and _damaged(exc):
+            raise DamagedRegistryError(str(_sqlite_path(url)), detail) from exc
         raise RegistryError(f"cannot use registry {shown(url)}: {detail}") from exc
+
+
+def _damaged(exc: Exception) -> bool:
+    """A sqlite3 error that says the file itself is bad (not a lock or a missing file)."""
+    import sqlite3
+
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, sqlite3.OperationalError | sqlite3.IntegrityError)
 
 
 @contextmanager
@@ -173,19 +184,25 @@ def _sqlite(url: str) -> Iterator[Any]:
     The path rules are SQLAlchemy's: `sqlite:///relative.db`, `sqlite:////absolute.db`."""
     import sqlite3
 
-    parts = urlsplit(url)
-    path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
-    if not path or path == ":memory:" or parts.query:
-        raise RegistryError(f"registry {shown(url)} is not a SQLite file URL")
-    file = Path(path).expanduser()
+    file = _sqlite_path(url)
     if not file.is_file():
         yield None
         return
+    if file.stat().st_size == 0:
+        raise DamagedRegistryError(str(file))
     uri = f"{file.absolute().as_uri()}?mode=ro"
     with closing(sqlite3.connect(uri, uri=True, timeout=30)) as connection:
         tables = {row[0] for row in connection.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
         yield connection if {"artifacts", "aliases"} <= tables else None
+
+
+def _sqlite_path(url: str) -> Path:
+    parts = urlsplit(url)
+    path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
+    if not path or path == ":memory:" or parts.query:
+        raise RegistryError(f"registry {shown(url)} is not a SQLite file URL")
+    return Path(path).expanduser()
 
 
 @contextmanager

@@ -5,28 +5,44 @@ A crash at any point leaves no visible half-artifact: blobs without a manifest a
 unreferenced (gc removes them after the grace period), a manifest without a registry row is
 complete (reindex adopts it), and the registry row is written last, in one transaction.
 Publishing the same content twice is a no-op; identical files are stored once.
+
+`Publication` is one publish as public phases, in order:
+
+    prepare         hash the files, make the manifest and the row (nothing is written)
+    begin           record the blobs it relies on as a pending publish (gc keeps them)
+    upload          put the blobs the store lacks, or holds at another size
+    write_manifest  put the manifest (a stored one is compared, and replaced if damaged)
+    commit          under the gc lock (shared): every blob and the manifest are there, put
+                    back any that gc removed; register; drop the pending row
+
+so tests can run gc between any two of them (`registry.pending` says why nothing it relies on
+can be lost). A blob that exists is trusted only at its size; a stored manifest is always
+compared. Publishing content whose artifact is `deleted` brings it back with the status
+asked for. Ctrl-C while uploading raises StoppedError: the blobs already uploaded stay, and
+a re-run uploads only the rest.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from registry import records
-from registry.digest import digest_file
-from registry.errors import ManifestError
+from registry.digest import Digest, digest_file
+from registry.errors import ManifestError, StoppedError
 from registry.manifest import FileEntry, Manifest, check_path
 from registry.progress import NoProgress, Progress
-from registry.records import ArtifactKind, ArtifactRecord, ArtifactStatus, FileRecord
-from registry.store import WORKERS, Store
+from registry.store import WORKERS
+from registry.workers import Workers
 
 if TYPE_CHECKING:
     from registry.context import Context
+    from registry.pending import Pending
+    from registry.records import ArtifactKind, ArtifactRecord, ArtifactStatus
 
 
 def scan_directory(root: Path) -> list[tuple[str, Path]]:
@@ -41,6 +57,12 @@ def scan_directory(root: Path) -> list[tuple[str, Path]]:
             path = Path(directory) / name
             mode = path.lstat().st_mode
             relative = path.relative_to(root).as_posix()
+            try:
+                relative.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ManifestError(
+                    f"file name {os.fsencode(relative)!r} under {root} is not valid UTF-8; "
+                    "rename it (manifests hold UTF-8 paths)") from None
             if stat.S_ISLNK(mode):
                 raise ManifestError(f"{relative!r} is a symbolic link; artifacts hold plain files")
             if stat.S_ISREG(mode):
@@ -63,53 +85,10 @@ def hash_directory(root: Path, progress: Progress | None = None) -> list[tuple[F
         assert digests.sha256 is not None  # noqa: S101 - digest_file computes it by default
         return FileEntry(relative, digests.size, digests.xxh3, digests.sha256), path
 
-    with ThreadPoolExecutor(WORKERS) as pool:
+    with Workers(WORKERS, name="hash") as pool:
         result = list(pool.map(one, files))
     progress.finish()
     return result
-
-
-@dataclass(frozen=True)
-class Uploaded:
-    manifest: Manifest
-    blobs_uploaded: int
-    bytes_uploaded: int
-
-
-def upload(
-    store: Store,
-    root: Path,
-    *,
-    kind: str,
-    labels: Mapping[str, Any],
-    key: str | None = None,
-    toolchain: Mapping[str, Any] | None = None,
-    inputs: tuple[str, ...] = (),
-    serve: Mapping[str, Any] | None = None,
-    progress: Progress | None = None,
-    hashed: list[tuple[FileEntry, Path]] | None = None,
-) -> Uploaded:
-    """Put *root*'s missing blobs and then its manifest into *store*. Idempotent."""
-    entries = hashed if hashed is not None else hash_directory(root)
-    manifest = Manifest(
-        kind=kind,
-        files=tuple(entry for entry, _ in entries),
-        labels={k: v for k, v in labels.items() if v is not None},
-        key=key,
-        toolchain=dict(toolchain or {}),
-        inputs=inputs,
-        serve=serve,
-    )
-    sources = {entry.xxh3: path for entry, path in entries}
-    sizes = {entry.xxh3: entry.size for entry, _ in entries}
-    missing = sorted(store.missing_blobs(sources))
-    progress = progress or NoProgress()
-    progress.start("uploading", sum(sizes[d] for d in missing))
-    with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(lambda d: store.put_blob(d, sources[d], progress=progress.advance), missing))
-    progress.finish()
-    store.put_manifest(manifest.digest, manifest.to_bytes())
-    return Uploaded(manifest, len(missing), sum(sizes[d] for d in missing))
 
 
 LABEL_COLUMNS = (
@@ -126,10 +105,12 @@ def record_of(
     recipe_digest: str | None = None,
 ) -> ArtifactRecord:
     """The registry row for *manifest*: labels become columns, files become file rows."""
+    from registry.records import ArtifactRecord, FileRecord
+
     labels = dict(manifest.labels)
     return ArtifactRecord(
         digest=str(manifest.digest),
-        kind=cast(ArtifactKind, manifest.kind),
+        kind=cast("ArtifactKind", manifest.kind),
         model=str(labels["model"]),
         size=manifest.size,
         file_count=len(manifest.files),
@@ -157,6 +138,130 @@ class Published:
     bytes_uploaded: int
 
 
+class Publication:
+    """One publish of *root* in phases (see the module doc); `run` does them all."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        root: Path,
+        *,
+        kind: str,
+        labels: Mapping[str, Any],
+        status: ArtifactStatus = "built",
+        status_reason: str | None = None,
+        recipe_digest: str | None = None,
+        progress: Progress | None = None,
+        hashed: list[tuple[FileEntry, Path]] | None = None,
+        key: str | None = None,
+        toolchain: Mapping[str, Any] | None = None,
+        inputs: tuple[str, ...] = (),
+        serve: Mapping[str, Any] | None = None,
+    ) -> None:
+        if "model" not in labels:
+            raise ManifestError("an artifact needs a 'model' label")
+        self.ctx, self.root, self.kind, self.labels = ctx, root, kind, labels
+        self.status, self.status_reason, self.recipe_digest = status, status_reason, recipe_digest
+        self.progress = progress or NoProgress()
+        self.hashed = hashed
+        self.manifest_fields: dict[str, Any] = {
+            "key": key, "toolchain": dict(toolchain or {}), "inputs": inputs, "serve": serve}
+        self.stop = threading.Event()
+        self.manifest: Manifest | None = None
+        self.record: ArtifactRecord | None = None
+        self.sources: dict[Digest, Path] = {}
+        self.pending: Pending | None = None
+        self.bytes_uploaded = 0
+
+    def prepare(self) -> Manifest:
+        entries = self.hashed if self.hashed is not None else hash_directory(
+            self.root, self.progress)
+        self.manifest = Manifest(
+            kind=self.kind, files=tuple(entry for entry, _ in entries),
+            labels={k: v for k, v in self.labels.items() if v is not None},
+            **self.manifest_fields,
+        )
+        self.sources = {entry.xxh3: path for entry, path in entries}
+        self.record = record_of(self.manifest, status=self.status,
+                                status_reason=self.status_reason,
+                                recipe_digest=self.recipe_digest)
+        return self.manifest
+
+    def begin(self) -> None:
+        from registry.pending import Pending
+
+        self.pending = Pending.begin(self.ctx, self.sources)
+
+    def upload(self) -> None:
+        assert self.pending is not None, "begin() first"  # noqa: S101 - phase order
+        self.bytes_uploaded = self.pending.upload(progress=self.progress, stop=self.stop)
+
+    def write_manifest(self) -> None:
+        assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
+        self.ctx.store.put_manifest(self.manifest.digest, self.manifest.to_bytes())
+
+    def commit(self) -> Published:
+        from registry import history, records
+        from registry.models import utcnow
+
+        assert self.pending is not None, "begin() first"  # noqa: S101 - phase order
+        assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
+        assert self.record is not None  # noqa: S101 - set with the manifest
+        record = replace(self.record, created_at=utcnow())
+        with self.pending.committing(also=self._manifest_again) as session:
+            registered = records.add_artifact_if_absent(session, record)
+            if registered:
+                history.registered(self.ctx.store, record)
+            elif records.get_status(session, record.digest) == "deleted":
+                history.set_status(self.ctx.store, session, record.digest, self.status,
+                                   "published again after it was deleted")
+        uploaded = self.pending.uploaded
+        return Published(record.digest, self.manifest, registered, len(uploaded),
+                         self.bytes_uploaded)
+
+    def _manifest_again(self) -> None:
+        """Under the gc lock: gc removes only the manifests of deleted artifacts, so only
+        when reviving one can the manifest written before be gone."""
+        from registry import records
+
+        assert self.record is not None  # noqa: S101 - set with the manifest
+        with self.ctx.registry.session(readonly=True) as session:
+            deleted = records.get_status(session, self.record.digest) == "deleted"
+        if deleted:
+            self.write_manifest()
+
+    def abort(self) -> None:
+        """Drop the pending row of a publish that will not commit (its blobs stay for gc)."""
+        if self.pending is not None:
+            self.pending.end()
+
+    def run(self) -> Published:
+        self.prepare()
+        self.begin()
+        try:
+            self.upload()
+            self.write_manifest()
+            published = self.commit()
+        except KeyboardInterrupt as exc:
+            self.stop.set()
+            self.progress.finish()
+            self.abort()
+            assert self.manifest is not None  # noqa: S101 - prepared above
+            have = len(self.sources) - len(self.ctx.store.missing_blobs(
+                {d: p.stat().st_size for d, p in self.sources.items()}))
+            raise StoppedError(
+                f"interrupted: nothing was registered; {have} of {len(self.sources)} blobs of "
+                f"{self.root} are in {self.ctx.store.url}; run the same command again to "
+                "upload only the rest") from exc
+        except BaseException:
+            self.stop.set()
+            self.abort()
+            raise
+        if self.pending is not None:
+            self.pending.end()
+        return published
+
+
 def publish(
     ctx: Context,
     root: Path | str,
@@ -170,14 +275,6 @@ def publish(
     **manifest_fields: Any,
 ) -> Published:
     """Store *root* as an artifact and register it; a no-op for content already there."""
-    root = Path(root)
-    if "model" not in labels:
-        raise ManifestError("an artifact needs a 'model' label")
-    uploaded = upload(ctx.store, root, kind=kind, labels=labels, progress=progress,
-                      **manifest_fields)
-    record = record_of(uploaded.manifest, status=status, status_reason=status_reason,
-                       recipe_digest=recipe_digest)
-    with ctx.registry.session() as session:
-        registered = records.add_artifact_if_absent(session, record)
-    return Published(record.digest, uploaded.manifest, registered, uploaded.blobs_uploaded,
-                     uploaded.bytes_uploaded)
+    return Publication(ctx, Path(root), kind=kind, labels=labels, status=status,
+                       status_reason=status_reason, recipe_digest=recipe_digest,
+                       progress=progress, **manifest_fields).run()

@@ -29,6 +29,18 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+def read_exactly(fd: int, offset: int, size: int) -> bytes:
+    """*size* bytes of *fd* from *offset*; OSError when the file ends first."""
+    chunks, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, size - done, offset + done)
+        if not chunk:
+            raise OSError(f"the file ended at byte {offset + done}, {size - done} short")
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
 def read_ranges(
     ranges: list[tuple[int, int]],
     fetch: Callable[[int, int], None],

@@ -7,6 +7,13 @@ transaction; none commits. ORM objects never leave this module. Digests are the 
 Writes that race across processes are atomic in SQL (INSERT ... ON CONFLICT, conditional
 UPDATE), so they are correct on PostgreSQL under concurrency and on SQLite, where
 `Registry.session()` already serialises writers.
+
+Status changes, alias moves and smoke reports are also records in the store (the bucket is
+the whole truth): write them through `registry.history`, which puts the store record and
+then these rows in one call; the writers here are the SQL half (and what `reindex` replays).
+
+Over 500 lines on purpose, for now: splitting it (leases, toolchains and recipes into modules
+of their own) moves functions that other branches are editing; due after they merge.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ class AliasEvent:
     previous_digest: str | None
     at: datetime
     note: str | None
+    details: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +279,12 @@ def list_artifacts(
 
 
 def set_status(
-    session: Session, digest: str, status: ArtifactStatus, reason: str | None = None
+    session: Session, digest: str, status: ArtifactStatus, reason: str | None = None,
+    *, at: datetime | None = None,
 ) -> None:
-    """Move an artifact to *status* (any transition) with *reason* (None clears it).
-    Moving to `deleted` is refused with `ConflictError` while an alias points at it."""
+    """Move an artifact to *status* (any transition) with *reason* (None clears it), as of
+    *at* (now). Moving to `deleted` is refused with `ConflictError` while an alias points
+    at it."""
     if status not in ARTIFACT_STATUSES:
         raise ValueError(f"unknown artifact status {status!r}")
     _artifact_id(session, digest, lock=True)
@@ -285,8 +295,13 @@ def set_status(
         )
     session.execute(
         update(Artifact).where(Artifact.digest == digest)
-        .values(status=status, status_reason=reason, updated_at=utcnow())
+        .values(status=status, status_reason=reason, updated_at=at or utcnow())
     )
+
+
+def get_status(session: Session, digest: str) -> str | None:
+    """The artifact's status; None when it is not registered."""
+    return session.scalar(select(Artifact.status).where(Artifact.digest == digest))
 
 
 def mark_deleted(session: Session, digest: str, reason: str | None = None) -> None:
@@ -308,41 +323,74 @@ def referenced_blobs(session: Session) -> set[str]:
     return set(session.scalars(query))
 
 
-def _alias_event(name: str, digest: str | None, previous: str | None, note: str | None) -> Any:
-    return insert(AliasEventRow).values(
-        name=name, digest=digest, previous_digest=previous, at=utcnow(), note=note
-    )
+def history_blobs(session: Session) -> set[str]:
+    """Blobs that history references: every stage run's log (`stage_runs.log_location`)
+    and every smoke report's log (its report's `log`, a file digest): gc keeps them."""
+    found = {location for location in session.scalars(
+        select(StageRun.log_location).where(StageRun.log_location.is_not(None)))
+        if location and location.startswith("xxh3-128:")}
+    for report in session.scalars(select(SmokeReportRow.report)):
+        log = report.get("log") if isinstance(report, dict) else None
+        if isinstance(log, str) and log.startswith("xxh3-128:"):
+            found.add(log)
+    return found
 
 
-def set_alias(session: Session, name: str, digest: str, note: str | None = None) -> str | None:
-    """Point *name* at *digest*, record the move in the history, and return the digest it
-    pointed at before (None when new). Pointing it where it already points changes nothing.
-    A deleted artifact cannot be aliased (`ConflictError`)."""
+def aliased_in_history(session: Session) -> set[str]:
+    """Every artifact an alias points at or ever pointed at (rollback targets, and what an
+    audit of "what was prod" needs): gc keeps their manifests and blobs, deleted or not."""
+    moved = session.scalars(select(AliasEventRow.digest).where(AliasEventRow.digest.is_not(None)))
+    return {digest for digest in moved if digest} | set(session.scalars(select(Alias.digest)))
+
+
+def insert_alias_event(session: Session, name: str, digest: str | None, previous: str | None,
+                       *, at: datetime, note: str | None = None,
+                       details: dict[str, Any] | None = None) -> None:
+    """Append one move of *name* to its history as it is (what `reindex` replays)."""
+    session.execute(insert(AliasEventRow).values(
+        name=name, digest=digest, previous_digest=previous, at=at, note=note, details=details))
+
+
+def put_alias(session: Session, name: str, digest: str | None, *, at: datetime) -> None:
+    """Make *name* point at *digest* (None: no alias) without touching its history."""
+    session.execute(delete(Alias).where(Alias.name == name))
+    if digest is not None:
+        session.execute(insert(Alias).values(name=name, digest=digest, updated_at=at))
+
+
+def set_alias(session: Session, name: str, digest: str, note: str | None = None, *,
+              details: dict[str, Any] | None = None, at: datetime | None = None) -> str | None:
+    """Point *name* at *digest*, record the move (with *note* and *details*, as of *at*) in
+    the history, and return the digest it pointed at before (None when new). Pointing it
+    where it already points changes nothing. A deleted artifact cannot be aliased
+    (`ConflictError`)."""
     if _artifact_id(session, digest, lock=False)[1] == "deleted":
         raise ConflictError(f"artifact {digest} is deleted; it cannot be aliased", what=digest)
+    at = at or utcnow()
     locked = select(Alias.digest).where(Alias.name == name).with_for_update()
     previous = session.scalar(locked)
     if previous is None:
-        stmt = _insert(session, Alias).values(name=name, digest=digest, updated_at=utcnow())
+        stmt = _insert(session, Alias).values(name=name, digest=digest, updated_at=at)
         if session.execute(stmt.on_conflict_do_nothing().returning(Alias.name)).first():
-            session.execute(_alias_event(name, digest, None, note))
+            insert_alias_event(session, name, digest, None, at=at, note=note, details=details)
             return None
         previous = session.scalar(locked)  # another writer created it meanwhile
     if previous == digest:
         return previous
     session.execute(
-        update(Alias).where(Alias.name == name).values(digest=digest, updated_at=utcnow())
+        update(Alias).where(Alias.name == name).values(digest=digest, updated_at=at)
     )
-    session.execute(_alias_event(name, digest, previous, note))
+    insert_alias_event(session, name, digest, previous, at=at, note=note, details=details)
     return previous
 
 
-def remove_alias(session: Session, name: str, note: str | None = None) -> str:
+def remove_alias(session: Session, name: str, note: str | None = None, *,
+                 at: datetime | None = None) -> str:
     """Remove *name* (history keeps an event with digest None); returns its last digest."""
     previous = session.scalar(delete(Alias).where(Alias.name == name).returning(Alias.digest))
     if previous is None:
         raise RecordNotFoundError("alias", name)
-    session.execute(_alias_event(name, None, previous, note))
+    insert_alias_event(session, name, None, previous, at=at or utcnow(), note=note)
     return previous
 
 
@@ -358,7 +406,7 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
     """Every move of *name*, oldest first."""
     query = (
         select(AliasEventRow.name, AliasEventRow.digest, AliasEventRow.previous_digest,
-               AliasEventRow.at, AliasEventRow.note)
+               AliasEventRow.at, AliasEventRow.note, AliasEventRow.details)
         .where(AliasEventRow.name == name).order_by(AliasEventRow.id)
     )
     return [AliasEvent(*row) for row in session.execute(query)]
@@ -367,15 +415,17 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
 def add_smoke_report(
     session: Session, digest: str, passed: bool, report: dict[str, Any], *,
     gpu: str | None = None, toolchain: dict[str, Any] | None = None, key: str | None = None,
+    created_at: datetime | None = None,
 ) -> None:
     """Attach a smoke report to *digest* (its status is the caller's to move), measured on
-    *gpu* (a catalog SKU or "CPU"; None: unknown) with *toolchain*, by the smoke run *key*.
+    *gpu* (a catalog SKU or "CPU"; None: unknown) with *toolchain*, by the smoke run *key*,
+    as of *created_at* (now; `reindex` gives the recorded time).
 
     A passing report's throughput raises the artifact's `best_tokens_per_s`, and, when *gpu*
     is known, the artifact's evidence on that GPU (`artifact_evidence`), which resolve ranks
     by: a report from elsewhere proves nothing about the node's own SKU."""
     artifact_id = _artifact_id(session, digest)[0]
-    now = utcnow()
+    now = created_at or utcnow()
     session.execute(
         insert(SmokeReportRow).values(
             artifact_id=artifact_id, passed=passed, report=report, created_at=now,

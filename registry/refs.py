@@ -17,11 +17,22 @@ _HEX: Final = re.compile(r"^(sha256:)?[0-9a-f]+$")
 ALIAS_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}$")
 
 
+def valid_alias_name(name: str) -> bool:
+    """Whether *name* is an alias name: lowercase letters, digits, `.`, `_`, `-` and `/`
+    between segments that are neither empty nor `.` or `..`, and not all hex digits."""
+    return (
+        ALIAS_NAME.fullmatch(name) is not None
+        and not _HEX.match(name)
+        and all(part not in ("", ".", "..") for part in name.split("/"))
+    )
+
+
 def check_alias_name(name: str) -> str:
-    if not ALIAS_NAME.match(name) or _HEX.match(name) or "//" in name or name.endswith("/"):
+    if not valid_alias_name(name):
         raise UsageError(
-            f"alias {name!r} is not a valid name: lowercase letters, digits, '.', '_', '-', '/', "
-            "and not all hex digits (that would read as a digest prefix)"
+            f"alias {name!r} is not a valid name: lowercase letters, digits, '.', '_', '-', "
+            "and '/' between parts that are not empty, '.' or '..'; not all hex digits (that "
+            "would read as a digest prefix); e.g. llama70b/h100/prod"
         )
     return name
 

@@ -8,6 +8,7 @@ the request id; a missing key becomes `NotFoundError`; a missing bucket says so 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -17,6 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
 from registry.errors import NotFoundError, RegistryError, StoreError
+from registry.store import check_stop
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -110,17 +112,21 @@ class Bucket:
         self._seen = True
 
     def exists(self, key: str, operation: str) -> bool:
+        return self.size(key, operation) is not None
+
+    def size(self, key: str, operation: str) -> int | None:
+        """The object's size from a HEAD; None when there is no such object."""
         try:
-            self.client.head_object(Bucket=self.name, Key=key)
+            response = self.client.head_object(Bucket=self.name, Key=key)
         except ClientError as exc:
             if error_code(exc) not in MISSING:
                 raise self.error(exc, operation, key) from exc
             self.check()
-            return False
+            return None
         except BotoCoreError as exc:
             raise self.error(exc, operation, key) from exc
         self._seen = True
-        return True
+        return int(response.get("ContentLength") or 0)
 
     def get(
         self, key: str, what: str, byte_range: tuple[int, int] | None = None
@@ -136,13 +142,16 @@ class Bucket:
         what: str,
         write: Callable[[int, bytes], None],
         byte_range: tuple[int, int] | None = None,
+        stop: threading.Event | None = None,
     ) -> int:
         """Stream the object's bytes (or those in [start, end)) to `write(offset, chunk)` in
         chunks of at most STREAM_CHUNK, and return the object's total size. A body cut off
-        mid-read is asked for again from the byte where it stopped."""
+        mid-read is asked for again from the byte where it stopped. Once *stop* is set,
+        StoppedError ends the read at its next chunk (the connection is dropped)."""
         start, end = byte_range if byte_range is not None else (0, None)
         done, total, failure = 0, None, None
         for _attempt in range(self.stream_retries):
+            check_stop(stop)
             if total is not None and start + done >= (end if end is not None else total):
                 return total  # cut off after the last byte: nothing is left to ask for
             ask = None if byte_range is None and not done else (
@@ -163,6 +172,7 @@ class Bucket:
             body = response["Body"]
             try:
                 while chunk := body.read(STREAM_CHUNK):
+                    check_stop(stop)
                     write(start + done, chunk)
                     done += len(chunk)
             except S3_RETRYABLE_DOWNLOAD_ERRORS as exc:
@@ -195,8 +205,14 @@ class Bucket:
             )
         return int(response.get("ContentLength") or 0)
 
-    def put(self, key: str, data: bytes, *, sha256_b64: str) -> None:
-        """Put a small object; S3 rejects it unless its sha256 is *sha256_b64*."""
+    def put(self, key: str, data: bytes, *, sha256_b64: str | None = None) -> None:
+        """Put a small object; S3 rejects it unless its sha256 is *sha256_b64* (computed
+        here when not given)."""
+        if sha256_b64 is None:
+            import base64
+            import hashlib
+
+            sha256_b64 = base64.b64encode(hashlib.sha256(data).digest()).decode()
         try:
             self.client.put_object(
                 Bucket=self.name,
@@ -207,6 +223,13 @@ class Bucket:
             )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "put_object", key) from exc
+
+    def copy(self, key: str, new_key: str) -> None:
+        """Server-side copy (multipart for large objects)."""
+        try:
+            self.client.copy({"Bucket": self.name, "Key": key}, self.name, new_key)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "copy_object", key) from exc
 
     def delete(self, key: str) -> None:
         try:

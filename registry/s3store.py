@@ -1,7 +1,11 @@
 """The `s3://bucket/prefix` store backend (AWS, MinIO, R2, Ceph, a test server).
 
-- Uploads use s3transfer's managed multipart upload with a CRC32 checksum that S3 checks;
-  manifests carry their own sha256 as the checksum, so S3 checks their digest too.
+- A blob below `upload_part_size` is one PUT; a larger one is a multipart upload whose parts
+  run on one pool of `upload_threads` shared by all the blobs of a publish, each part read
+  from the file only when it is sent; every PUT carries a CRC32 checksum that S3 checks, and
+  manifests carry their own sha256 as the checksum, so S3 checks their digest too. (Not
+  s3transfer's manager: its threads hold the process until every part in flight is sent,
+  so a Ctrl-C'd publish could not stop.)
 - Every blob is read as ranged GETs of `download_part_size` (a small blob is one), run on
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
   the file at its offset in 1 MiB chunks, and the parts are hashed from the file's pages in
@@ -15,21 +19,22 @@ Only `registry.store.open_store` imports this module, so boto3 stays off the `--
 from __future__ import annotations
 
 import base64
+import contextlib
 import mmap
 import os
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import xxhash
-from boto3.s3.transfer import ProgressCallbackInvoker, TransferConfig, create_transfer_manager
 from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.digest import Digest, sha256_of, update_mapped
-from registry.errors import IntegrityError, StoreError
+from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.layout import (
     BLOBS,
     MANIFESTS,
@@ -39,9 +44,10 @@ from registry.layout import (
     parse_blob_key,
     parse_manifest_key,
 )
-from registry.ranges import pwrite_all, read_ranges, split
+from registry.ranges import pwrite_all, read_exactly, read_ranges, split
 from registry.s3bucket import Bucket
-from registry.store import BlobInfo, Progress
+from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
+from registry.workers import Workers
 
 MiB: Final = 1 << 20
 HEAD_AT_MOST: Final = 3
@@ -78,14 +84,8 @@ class S3Store:
             pool_connections=2 * max(upload_threads, download_threads),
             stream_retries=stream_retries,
         )
-        self._transfer = TransferConfig(
-            multipart_threshold=upload_part_size,
-            multipart_chunksize=upload_part_size,
-            max_concurrency=upload_threads,
-            use_threads=True,
-            preferred_transfer_client="classic",
-        )
-        self._transfer.max_in_memory_upload_chunks = upload_threads
+        self.upload_part_size = upload_part_size
+        self.upload_threads = upload_threads
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Multipart uploads under this store's prefix started before *before* and never
@@ -117,9 +117,10 @@ class S3Store:
     def has_blob(self, digest: Digest) -> bool:
         return self.bucket.exists(self._key(blob_key(digest)), "has_blob")
 
-    def missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
+    def missing_blobs(self, digests: Iterable[Digest] | Mapping[Digest, int]) -> set[Digest]:
+        wanted = sizes_of(digests)
         shards: dict[str, list[Digest]] = {}
-        for digest in set(digests):
+        for digest in wanted:
             shards.setdefault(blob_shard(digest), []).append(digest)
         if not shards:
             return set()
@@ -128,39 +129,50 @@ class S3Store:
             for group, present in zip(
                 shards.values(), pool.map(self._present, shards.values()), strict=True
             ):
-                missing.update(digest for digest in group if digest not in present)
+                missing.update(
+                    digest for digest in group
+                    if digest not in present
+                    or (wanted[digest] is not None and present[digest] != wanted[digest])
+                )
         return missing
 
-    def _present(self, digests: list[Digest]) -> set[Digest]:
-        """Which of *digests* (all in one shard) the store holds."""
+    def _present(self, digests: list[Digest]) -> dict[Digest, int]:
+        """Which of *digests* (all in one shard) the store holds, with their sizes."""
         if len(digests) <= HEAD_AT_MOST:
-            return {digest for digest in digests if self.has_blob(digest)}
+            sizes = {digest: self.bucket.size(self._key(blob_key(digest)), "has_blob")
+                     for digest in digests}
+            return {digest: size for digest, size in sizes.items() if size is not None}
         wanted = {self._key(blob_key(digest)): digest for digest in digests}
         first, last = min(wanted), max(wanted)
-        present: set[Digest] = set()
+        present: dict[Digest, int] = {}
         prefix = self._key(blob_shard(digests[0]))
         for entry in self.bucket.list(prefix, start_after=first[:-1]):
             if entry["Key"] in wanted:
-                present.add(wanted[entry["Key"]])
+                present[wanted[entry["Key"]]] = int(entry["Size"])
             if entry["Key"] >= last:
                 break
         return present
 
-    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None) -> None:
-        if self.has_blob(digest):
-            return
+    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
+                 stop: threading.Event | None = None) -> None:
         key = self._key(blob_key(digest))
-        subscribers = [ProgressCallbackInvoker(progress)] if progress is not None else None
         try:
-            with create_transfer_manager(self.bucket.client, self._transfer) as manager:
-                future = manager.upload(
-                    str(source),
-                    self.bucket.name,
-                    key,
-                    extra_args={"ChecksumAlgorithm": "CRC32"},
-                    subscribers=subscribers,
-                )
-                future.result()
+            size = source.stat().st_size
+        except OSError as exc:
+            raise StoreError(f"put_blob {self.bucket.where(key)} cannot read {source}: "
+                             f"{exc.strerror or exc}", url=self.url, key=key,
+                             operation="put_blob") from exc
+        if self.bucket.size(key, "put_blob") == size:
+            return
+        try:
+            with source.open("rb") as handle:
+                if size < self.upload_part_size:
+                    self.bucket.client.put_object(Bucket=self.bucket.name, Key=key, Body=handle,
+                                                  ChecksumAlgorithm="CRC32")
+                    if progress is not None:
+                        progress(size)
+                else:
+                    self._multipart(key, handle.fileno(), size, progress, stop)
         except (ClientError, BotoCoreError) as exc:
             raise self.bucket.error(exc, "put_blob", key) from exc
         except OSError as exc:
@@ -171,6 +183,44 @@ class S3Store:
                 operation="put_blob",
             ) from exc
 
+    @cached_property
+    def _writers(self) -> Workers:
+        """The part uploads of every blob this store publishes share these threads (each
+        holds one part in memory while it sends it). Daemon threads: a stopped publish never
+        waits for a part still in flight."""
+        return Workers(self.upload_threads, name="s3-put")
+
+    def _multipart(self, key: str, fd: int, size: int, progress: Progress | None,
+                   stop: threading.Event | None) -> None:
+        """One multipart upload with a CRC32 checksum per part (S3 checks each), parts read
+        from the file only when their turn comes; aborted on any failure or stop."""
+        client, bucket = self.bucket.client, self.bucket.name
+        upload_id = client.create_multipart_upload(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+
+        def send(number: int, start: int, end: int) -> dict[str, Any]:
+            check_stop(stop)
+            data = read_exactly(fd, start, end - start)
+            answer = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
+                                        PartNumber=number, Body=data, ChecksumAlgorithm="CRC32")
+            if progress is not None:
+                progress(len(data))
+            return {"PartNumber": number, "ETag": answer["ETag"],
+                    "ChecksumCRC32": answer["ChecksumCRC32"]}
+
+        ranges = split(0, size, self.upload_part_size)
+        futures = [self._writers.submit(send, n, *r) for n, r in enumerate(ranges, start=1)]
+        try:
+            parts = [future.result() for future in futures]
+            client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                             MultipartUpload={"Parts": parts})  # type: ignore[typeddict-item]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            with contextlib.suppress(ClientError, BotoCoreError):
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            raise
+
     def get_blob(
         self,
         digest: Digest,
@@ -178,12 +228,14 @@ class S3Store:
         *,
         size: int | None = None,
         progress: Progress | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         key = self._key(blob_key(digest))
         try:
             fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                actual = self._download(key, f"blob {digest}", fd, size, progress)
+                actual = self._download(key, f"blob {digest}", fd, size, progress=progress,
+                                        stop=stop, digest=digest)
             finally:
                 os.close(fd)
         except BaseException:
@@ -194,13 +246,15 @@ class S3Store:
             raise IntegrityError(self.bucket.where(key), expected=digest, actual=actual)
 
     @cached_property
-    def _readers(self) -> ThreadPoolExecutor:
+    def _readers(self) -> Workers:
         """The ranged GETs of every blob this store fetches share these threads, so a fetch
-        of many blobs keeps `download_threads` requests in flight, not that many per blob."""
-        return ThreadPoolExecutor(self.download_threads, thread_name_prefix="s3-get")
+        of many blobs keeps `download_threads` requests in flight, not that many per blob.
+        Daemon threads: a stopped fetch never waits for a read blocked on the network."""
+        return Workers(self.download_threads, name="s3-get")
 
     def _download(
-        self, key: str, what: str, fd: int, size: int | None, progress: Progress | None
+        self, key: str, what: str, fd: int, size: int | None, *, progress: Progress | None,
+        stop: threading.Event | None, digest: Digest,
     ) -> Digest:
         """Stream the object into *fd* with parallel ranged GETs on the shared readers and
         return the xxh3-128 of what landed, hashed from the file's pages, in order, as the
@@ -219,19 +273,19 @@ class S3Store:
                 write_at(offset, chunk)
                 written += len(chunk)
 
-            seen_total = self.bucket.read_into(key, what, write, (start, end))
-            if seen_total != total or written != end - start:
+            seen_total = self.bucket.read_into(key, what, write, (start, end), stop)
+            if seen_total != total:
+                raise IntegrityError(self.bucket.where(key), expected=digest, actual=None,
+                                     detail=f"{seen_total} bytes where {total} are expected")
+            if written != end - start:
                 raise StoreError(
-                    f"get_blob {self.bucket.where(key)}: the object is {seen_total} bytes, "
-                    f"expected {total}",
-                    url=self.url,
-                    key=key,
-                    operation="get_blob",
+                    f"get_blob {self.bucket.where(key)}: asked for bytes {start}-{end - 1}, "
+                    f"got {written}", url=self.url, key=key, operation="get_blob",
                 )
 
         part = self.download_part_size
         if size is None:  # the first part's answer says how big the object is
-            total = self.bucket.read_into(key, what, write_at, (0, part))
+            total = self.bucket.read_into(key, what, write_at, (0, part), stop)
             start = min(part, total)
         else:
             total, start = size, 0
@@ -271,8 +325,11 @@ class S3Store:
         if actual != digest:
             where = f"manifest data for {self.bucket.where(key)}"
             raise IntegrityError(where, expected=digest, actual=actual)
-        if self.has_manifest(digest):
-            return
+        try:
+            if self.bucket.get(key, f"manifest {digest}")[0] == data:
+                return  # verified: manifests are small enough to compare every time
+        except NotFoundError:
+            pass  # absent: write it
         self.bucket.put(key, data, sha256_b64=base64.b64encode(bytes.fromhex(digest.hex)).decode())
 
     def get_manifest(self, digest: Digest) -> bytes:
@@ -293,3 +350,28 @@ class S3Store:
 
     def delete_manifest(self, digest: Digest) -> None:
         self.bucket.delete(self._key(manifest_key(digest)))
+
+    # small objects (records) and objects set aside
+
+    def put_object(self, key: str, data: bytes) -> None:
+        self.bucket.put(self._key(key), data)
+
+    def get_object(self, key: str) -> bytes:
+        return self.bucket.get(self._key(key), f"object {key}")[0]
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        strip = len(self._key(""))
+        for entry in self.bucket.list(self._key(prefix)):
+            yield ObjectInfo(entry["Key"][strip:], int(entry["Size"]),
+                             entry["LastModified"].astimezone(UTC))
+
+    def move_object(self, key: str, new_key: str) -> bool:
+        """Copy, then delete the original: S3 has no rename. False when *key* is absent."""
+        if self.bucket.size(self._key(key), "move_object") is None:
+            return False
+        self.bucket.copy(self._key(key), self._key(new_key))
+        self.bucket.delete(self._key(key))
+        return True
+
+    def delete_object(self, key: str) -> None:
+        self.bucket.delete(self._key(key))

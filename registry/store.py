@@ -5,7 +5,13 @@
 
 Both use `registry.layout`. Blobs are keyed by xxh3-128 and verified while they are read;
 manifests are keyed by sha256 and verified on the way in and out. Every write is idempotent
-and atomic: an object is either absent or complete under its final name.
+and atomic: an object is either absent or complete under its final name. An existing object
+is trusted only as far as a cheap check goes: a blob of the wrong size counts as missing
+(and is replaced), a stored manifest is compared byte for byte (and replaced when it differs).
+
+Small immutable records (`registry.history`) and objects set aside as damaged
+(`registry.damage`) use the generic `put_object`/`get_object`/`list_objects`/`move_object`/
+`delete_object`, with keys from `registry.layout`.
 
 This module stays cheap to import: boto3 is imported only when an `s3://` store is opened.
 """
@@ -13,7 +19,8 @@ This module stays cheap to import: boto3 is imported only when an `s3://` store 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +28,7 @@ from typing import Final, Protocol
 from urllib.parse import unquote, urlsplit
 
 from registry.digest import Digest
-from registry.errors import StoreError
+from registry.errors import ConfigError, StoppedError, StoreError
 
 WORKERS: Final = min(16, 2 * (os.cpu_count() or 2))
 """How many blobs a publish, fetch or fsck moves at once."""
@@ -38,6 +45,27 @@ class BlobInfo:
     """When the blob was written, timezone-aware UTC."""
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    """Relative to the store's root or prefix."""
+    size: int
+    modified: datetime
+
+
+def check_stop(stop: threading.Event | None) -> None:
+    """Raise StoppedError once *stop* is set: long transfers call this between chunks."""
+    if stop is not None and stop.is_set():
+        raise StoppedError("stopped")
+
+
+def sizes_of(digests: Iterable[Digest] | Mapping[Digest, int]) -> dict[Digest, int | None]:
+    """*digests* as digest → expected size (None: any size)."""
+    if isinstance(digests, Mapping):
+        return dict(digests)
+    return dict.fromkeys(digests)
+
+
 class Store(Protocol):
     """What every store backend offers. Safe to share between threads."""
 
@@ -45,11 +73,14 @@ class Store(Protocol):
 
     def has_blob(self, digest: Digest) -> bool: ...
 
-    def missing_blobs(self, digests: Iterable[Digest]) -> set[Digest]:
-        """The subset of *digests* that the store does not hold."""
+    def missing_blobs(self, digests: Iterable[Digest] | Mapping[Digest, int]) -> set[Digest]:
+        """The digests the store does not hold; given a mapping to sizes, also those whose
+        stored blob has another size (truncated, or not what it claims)."""
 
-    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None) -> None:
-        """Store *source*'s bytes as *digest*; a no-op when the blob is already there."""
+    def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
+                 stop: threading.Event | None = None) -> None:
+        """Store *source*'s bytes as *digest*; a no-op when a blob of *source*'s size is
+        already there (one of another size is replaced)."""
 
     def get_blob(
         self,
@@ -58,14 +89,18 @@ class Store(Protocol):
         *,
         size: int | None = None,
         progress: Progress | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         """Write the blob to *dest* (a temp path), verifying xxh3-128 while streaming.
 
         On any failure (IntegrityError included) *dest* is removed. *size*, when known,
-        lets a backend plan parallel ranged reads without asking first."""
+        lets a backend plan parallel ranged reads without asking first; a stored blob of
+        another size is an IntegrityError. Once *stop* is set the transfer ends at its next
+        chunk with StoppedError."""
 
     def put_manifest(self, digest: Digest, data: bytes) -> None:
-        """Store *data* as *digest* after checking sha256(data) == digest; idempotent."""
+        """Store *data* as *digest* after checking sha256(data) == digest; idempotent, and a
+        stored manifest that differs from *data* (damaged) is replaced."""
 
     def get_manifest(self, digest: Digest) -> bytes:
         """The manifest's bytes, verified; NotFoundError when absent."""
@@ -85,6 +120,38 @@ class Store(Protocol):
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Remove what killed writers left half-written before *before* (temp files, S3
         multipart uploads never completed); returns how many. Never a finished object."""
+
+    def put_object(self, key: str, data: bytes) -> None:
+        """Write a small object (a record) whole under *key*."""
+
+    def get_object(self, key: str) -> bytes:
+        """A small object's bytes; NotFoundError when absent."""
+
+    def list_objects(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under *prefix* (ending in `/`), in key order; callers parse keys."""
+
+    def move_object(self, key: str, new_key: str) -> bool:
+        """Move an object (a damaged blob or manifest, set aside); False when absent."""
+
+    def delete_object(self, key: str) -> None:
+        """Remove an object; a no-op when absent."""
+
+
+def check_endpoint_url(url: str) -> str:
+    """*url* when it is an http(s) endpoint (`http://host:port`); ConfigError otherwise."""
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok \
+            or parts.query or parts.fragment:
+        raise ConfigError(
+            f"ENGINECTL_S3_ENDPOINT_URL {url!r} is not an endpoint URL: expected "
+            "http(s)://host[:port], e.g. http://127.0.0.1:9000 (unset it for AWS)",
+            variable="ENGINECTL_S3_ENDPOINT_URL", value=url,
+        )
+    return url
 
 
 def open_store(url: str, *, s3_endpoint_url: str | None = None) -> Store:
@@ -109,6 +176,8 @@ def open_store(url: str, *, s3_endpoint_url: str | None = None) -> Store:
     if parts.scheme == "s3":
         if not parts.netloc:
             raise StoreError(f"store URL {url!r} has no bucket: s3://bucket/prefix", url=url)
+        if s3_endpoint_url is not None:
+            check_endpoint_url(s3_endpoint_url)
         from registry.s3store import S3Store
 
         return S3Store(parts.netloc, unquote(parts.path), endpoint_url=s3_endpoint_url)

@@ -1,4 +1,4 @@
-"""Commands on artifacts: import, ls, show, fetch, tag, untag, resolve."""
+"""Commands on artifacts: import, ls, show, fetch, logs, tag, untag, resolve."""
 
 from __future__ import annotations
 
@@ -49,12 +49,24 @@ def _parse_shape(text: str | None) -> dict[str, int] | None:
 @click.option("--shape", "shape_text", help="max_batch_size=N,max_input_len=N,max_seq_len=N")
 @click.option("--ready", is_flag=True,
               help="Register as ready (you vouch it serves) instead of built.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: digest, registered, blobs_uploaded, bytes_uploaded.")
 @handle_errors
 def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str | None,
             kv_cache_dtype: str | None, tp: int | None, pp: int | None,
             shape_text: str | None, ready: bool, as_json: bool) -> None:
-    """Adopt an engine or checkpoint DIRECTORY built elsewhere."""
+    """Adopt an engine or checkpoint DIRECTORY built elsewhere.
+
+    Only the blobs the store lacks are uploaded (a stored blob of the wrong size, or a
+    damaged manifest, is replaced); Ctrl-C keeps what was uploaded and a re-run goes on
+    from there (exit 130).
+
+    \b
+    Examples:
+      enginectl import ./engines/llama70b-fp8-tp8 --kind trtllm-engine \\
+          --model llama-3.3-70b-instruct --gpu h100 --quant fp8
+      enginectl import ./ckpt --kind trtllm-checkpoint --model m --json
+    """
     from registry.adopt import ImportSpec, import_artifact
 
     spec = ImportSpec(kind=kind, model=model, gpu=gpu, quant=quant,
@@ -137,17 +149,36 @@ def show(ref: str, as_json: bool) -> None:
 @main.command()
 @click.argument("ref")
 @click.option("-o", "--output", "output", required=True,
-              type=click.Path(path_type=Path, file_okay=False), help="Target directory.")
+              type=click.Path(path_type=Path, file_okay=False),
+              help="Target directory: absent or empty (or --force); never /, your home, the "
+                   "working directory or a folder above them, the store, the cache, /proc, "
+                   "/sys or /dev.")
 @click.option("--verify", type=click.Choice(["fast", "strict"]), default="fast",
-              show_default=True, help="strict adds sha256 to xxh3-128.")
-@click.option("--force", is_flag=True, help="Replace a non-empty target directory.")
+              show_default=True,
+              help="fast: cache entries proven unchanged since verified are trusted; strict: "
+                   "re-hash every placed file with xxh3-128 and sha256.")
+@click.option("--force", is_flag=True,
+              help="Replace a non-empty target directory (swapped in whole at the end).")
 @click.option("--allow-unready", is_flag=True,
               help="Fetch a quarantined artifact too (it failed its smoke run).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: digest, path, downloaded_bytes, cached_bytes.")
 @handle_errors
 def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
           as_json: bool) -> None:
-    """Fetch REF (digest, 12+ hex prefix, or alias) into a directory, verified."""
+    """Fetch REF (digest, 12+ hex prefix, or alias) into a directory, verified.
+
+    Nothing changes at the target until every file checked out; a damaged blob in the
+    store is set aside (exit 4; publish it again to heal). Ctrl-C stops at once (exit
+    130): what was downloaded stays in the cache, and the same command resumes. A
+    quarantined artifact is refused (exit 4) unless --allow-unready; an engine or entry not
+    yet proven to serve is fetched with a note.
+
+    \b
+    Examples:
+      enginectl fetch llama70b/h100/prod -o /models/llama70b
+      enginectl fetch 9f86d081884c -o ./engine --verify strict --json
+    """
     from registry.fetch import fetch as fetch_artifact
 
     ctx = context()
@@ -168,13 +199,45 @@ def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
 
 @main.command()
 @click.argument("ref")
+@click.option("--smoke", is_flag=True,
+              help="The log of REF's latest smoke report instead of its stage run's.")
+@handle_errors
+def logs(ref: str, smoke: bool) -> None:
+    """Print the log of the stage run that made REF (digest, prefix, alias) or of a stage
+    key (k1:…), read from the store.
+
+    \b
+    Examples:
+      enginectl logs llama70b/h100/prod            # the build that made it
+      enginectl logs k1:3f2a…                      # any stage run, by key
+      enginectl logs 9f86d081884c --smoke | less   # its latest smoke run's server log
+    """
+    import sys
+
+    from registry.logs import logs as read_log
+
+    read_log(context(), ref, sys.stdout.buffer, smoke=smoke)
+    sys.stdout.buffer.flush()
+
+
+@main.command()
+@click.argument("ref")
 @click.argument("alias")
 @click.option("--note", help="Why (kept in the alias history).")
 @click.option("--allow-unready", is_flag=True,
               help="Tag a built (not yet smoke-tested) artifact; recorded in the history.")
 @handle_errors
 def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
-    """Point ALIAS at the artifact REF (only ready artifacts, unless overridden)."""
+    """Point ALIAS at the artifact REF (only ready artifacts, unless overridden).
+
+    Alias names are lowercase parts of letters, digits, '.', '_' and '-' joined by '/'
+    (no empty, '.' or '..' part). Every move is kept, in the registry and in the store.
+
+    \b
+    Examples:
+      enginectl tag 9f86d081884c llama70b/h100/prod --note "faster at 64"
+      enginectl tag sha256:9f86… llama70b/h100/canary --allow-unready
+    """
     from registry.aliases import tag as tag_artifact
 
     digest, previous = tag_artifact(context(), ref, alias, note, allow_unready=allow_unready)
@@ -186,7 +249,12 @@ def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
 @click.argument("alias")
 @handle_errors
 def untag(alias: str) -> None:
-    """Remove ALIAS (its history is kept)."""
+    """Remove ALIAS (its history is kept, in the registry and in the store).
+
+    \b
+    Examples:
+      enginectl untag llama70b/h100/canary
+    """
     from registry.aliases import untag as untag_alias
 
     click.echo(f"removed {alias} (was {untag_alias(context(), alias)})")

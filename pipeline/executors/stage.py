@@ -37,9 +37,8 @@ from pipeline.executors.workdirs import WorkDirs
 from pipeline.plan import Plan, StageRun
 from pipeline.settings import Settings
 from pipeline.stages.work import StageJob, run_stage
-from registry import records
+from registry import history, logs, records
 from registry.context import Context
-from registry.digest import digest_file
 from registry.fetch import fetch_manifest, load_manifest
 from registry.publish import publish
 
@@ -162,11 +161,12 @@ class StageWorker:
         if fault is not None:  # the server died for want of its runtime, not the artifact
             self._release(run, "failed", None, error=fault)
             return self._awaits_smoke(run, entry, record, fault)
-        with self.ctx.registry.session() as session:
-            records.add_smoke_report(session, entry, report.passed, report.as_dict(),
-                                     gpu=target.gpu.sku, toolchain=run.toolchain, key=run.key)
-            records.set_status(session, entry, "ready" if report.passed else "quarantined",
-                               None if report.passed else f"smoke failed: {report.failure}")
+        history.record_smoke(
+            self.ctx, entry, report.passed, report.as_dict(),
+            status="ready" if report.passed else "quarantined",
+            reason=None if report.passed else f"smoke failed: {report.failure}",
+            log=self._log(run), gpu=target.gpu.sku, toolchain=dict(run.toolchain),
+            key=run.key)
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started
@@ -252,7 +252,7 @@ class StageWorker:
         why = f"awaits smoke: {reason}"
         if record is not None and record.status == "built" and record.status_reason != why:
             with self.ctx.registry.session() as session:  # shown by ls and show
-                records.set_status(session, entry, "built", why)
+                history.set_status(self.ctx.store, session, entry, "built", why)
         return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
                        error=f"stays built: {reason}; run `enginectl smoke {entry}` "
                              f"on a {run.gpu} node")
@@ -270,19 +270,10 @@ class StageWorker:
 
     def _release(self, run: StageRun, status: RunStatus,
                  digest: str | None, error: str | None = None) -> None:
-        with self.ctx.registry.session() as session:
-            records.release_lease(session, run.key, owner=self.owner, status=status,
-                                  artifact_digest=digest, error=error,
-                                  log_location=self._publish_log(run))
-
-    def _publish_log(self, run: StageRun) -> str | None:
-        """Store the run's log as a blob; its digest is where `enginectl show` points."""
-        log = self._log(run)
-        if not log.is_file():
-            return None
-        digest = digest_file(log, with_sha256=False).xxh3
-        self.ctx.store.put_blob(digest, log)
-        return str(digest)
+        """Release the lease with the run's log, stored as a blob gc keeps (`enginectl
+        logs` and `enginectl show` name it)."""
+        logs.release_lease(self.ctx, run.key, owner=self.owner, status=status,
+                           artifact_digest=digest, error=error, log=self._log(run))
 
     def _log(self, run: StageRun) -> Path:
         return run.workdir / f"{run.stage}.log"

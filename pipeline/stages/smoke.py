@@ -114,7 +114,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
     from pipeline.errors import MachineError
     from pipeline.settings import Settings
     from pipeline.toolchain import probe
-    from registry import records
+    from registry import history, records
     from registry.context import Context
     from registry.errors import UsageError
     from registry.fetch import fetch_manifest, load_manifest
@@ -162,11 +162,11 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         if (fault := machine_fault(report)) is not None:
             raise MachineError(f"cannot smoke {digest} here", fault, fix)
         measured = _where(settings)  # the evidence says where it was measured
-        with ctx.registry.session() as session:
-            records.add_smoke_report(session, digest, report.passed, report.as_dict(),
-                                     gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
-            records.set_status(session, digest, "ready" if report.passed else "quarantined",
-                               None if report.passed else f"smoke failed: {report.failure}")
+        history.record_smoke(
+            ctx, digest, report.passed, report.as_dict(),
+            status="ready" if report.passed else "quarantined",
+            reason=None if report.passed else f"smoke failed: {report.failure}", log=log,
+            gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
         return digest, report
     finally:
         ctx.close()

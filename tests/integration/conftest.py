@@ -5,6 +5,8 @@
     aws_env     (autouse)   test credentials and region, nothing from the user's AWS config
     s3_bucket               a unique, empty bucket on s3_server, removed afterwards
     store                   an opened Store, once per backend: "file" and "s3"
+    ctx                     a registry Context on `store` and `registry_url` (every store
+                            × database), with a cache of its own
 
 Other integration fixtures (the registry database) live beside these.
 """
@@ -18,6 +20,8 @@ from typing import NoReturn
 
 import pytest
 
+from registry.config import RegistryConfig
+from registry.context import Context
 from registry.store import Store, open_store
 from tests.integration.s3server import (
     CLEARED,
@@ -75,6 +79,23 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     server: S3Server = request.getfixturevalue("s3_server")
     bucket: str = request.getfixturevalue("s3_bucket")
     return open_store(f"s3://{bucket}/prefix", s3_endpoint_url=server.endpoint_url)
+
+
+@pytest.fixture
+def ctx(
+    store: Store, registry_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Context]:
+    endpoint = None
+    if store.url.startswith("s3://"):
+        server: S3Server = request.getfixturevalue("s3_server")
+        endpoint = server.endpoint_url
+    config = RegistryConfig(
+        home=tmp_path / "home", store_url=store.url, s3_endpoint_url=endpoint,
+        registry_url=registry_url, cache_dir=tmp_path / "cache",
+    )
+    context = Context(config)
+    yield context
+    context.close()
 
 
 from tests.integration.db_fixtures import *  # noqa: E402, F403 - the SQL registry fixtures

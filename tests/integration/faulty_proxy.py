@@ -3,9 +3,12 @@
 `FaultyProxy(upstream, plan)` answers the n-th request with what
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
 "pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "reset"
-(close the connection without an answer) or "cut" (forward it, then send the headers and
-only the first half of the body, and close). `ranges` records every GET's Range header.
-It runs in a thread on a free loopback port.
+(close the connection without an answer), "cut" (forward it, then send the headers and
+only the first half of the body, and close) or "hold" (send the headers and the first half
+of the body, set `holding`, then trickle one more byte every half second, so that no read
+timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
+a PUT, set `holding` and read none of the upload until the proxy is closed).
+`ranges` records every GET's Range header. It runs in a thread on a free loopback port.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "slowdown", "reset", "cut"]
+Fault = Literal["pass", "slowdown", "reset", "cut", "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -30,6 +33,10 @@ class FaultyProxy:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
         self.ranges: list[str | None] = []
+        self.holding = threading.Event()
+        """Set once a "hold" answer has sent half its body and is stalling."""
+        self.released = threading.Event()
+        """Set when the proxy closes: stalled answers end then."""
         lock = threading.Lock()
         proxy = self
 
@@ -40,14 +47,20 @@ class FaultyProxy:
                 del format, args
 
             def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
                 with lock:
                     fault = plan(len(proxy.faults), self.command, self.path,
                                  self.headers.get("Range"))
                     proxy.faults.append(fault)
                     if self.command == "GET":
                         proxy.ranges.append(self.headers.get("Range"))
+                if fault == "hold" and self.command == "PUT":  # stop reading the upload
+                    proxy.holding.set()
+                    proxy.released.wait()
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
                 if fault == "reset":
                     self.close_connection = True
                     self.connection.close()
@@ -74,6 +87,20 @@ class FaultyProxy:
                     self.wfile.write(data[: len(data) // 2])
                     self.close_connection = True
                     self.connection.close()
+                elif fault == "hold" and len(data) > 1:
+                    sent = len(data) // 2
+                    self.wfile.write(data[:sent])
+                    self.wfile.flush()
+                    proxy.holding.set()
+                    while not proxy.released.wait(0.5) and sent < len(data) - 1:
+                        try:
+                            self.wfile.write(data[sent:sent + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            break  # the client went away
+                        sent += 1
+                    self.close_connection = True
+                    self.connection.close()
                 elif self.command != "HEAD":
                     self.wfile.write(data)
                 conn.close()
@@ -90,5 +117,6 @@ class FaultyProxy:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.released.set()
         self._server.shutdown()
         self._server.server_close()

@@ -346,3 +346,50 @@ def test_file_store_refuses_bytes_that_do_not_match(tmp_path: Path) -> None:
     assert caught.value.actual == blob.digest
     assert not store.has_blob(wrong)
     assert list((tmp_path / "store").rglob("*.tmp")) == []
+
+
+# trusting only what a cheap check proves (issue 10, item 3)
+
+
+def test_a_blob_of_the_wrong_size_counts_as_missing_and_is_replaced(
+    store: Store, tmp_path: Path, raw: RawObjects
+) -> None:
+    blobs = [make_blob(tmp_path, 3000 + n) for n in range(5)]  # five: the LIST path too
+    for blob in blobs:
+        store.put_blob(blob.digest, blob.path)
+    raw.write(blob_key(blobs[1].digest), raw.read(blob_key(blobs[1].digest))[:100])
+    sizes = {blob.digest: blob.size for blob in blobs}
+    assert store.missing_blobs(sizes) == {blobs[1].digest}
+    assert store.missing_blobs(list(sizes)) == set()  # without sizes: present is present
+    with pytest.raises(IntegrityError, match="100 bytes where 3001 are expected"):
+        store.get_blob(blobs[1].digest, tmp_path / "dest", size=blobs[1].size)
+    store.put_blob(blobs[1].digest, blobs[1].path)
+    assert store.missing_blobs(sizes) == set()
+    store.get_blob(blobs[1].digest, tmp_path / "dest", size=blobs[1].size)
+    assert (tmp_path / "dest").read_bytes() == blobs[1].path.read_bytes()
+
+
+def test_a_damaged_manifest_is_replaced_by_the_next_put(store: Store, raw: RawObjects) -> None:
+    data = b'{"kind":"vllm","n":3}'
+    digest = sha256_of(data)
+    store.put_manifest(digest, data)
+    raw.write(manifest_key(digest), b'{"kind":"vllm","n":4}')
+    store.put_manifest(digest, data)
+    assert store.get_manifest(digest) == data
+
+
+def test_small_objects_list_move_and_delete(store: Store, raw: RawObjects) -> None:
+    store.put_object("records/x/a.json", b"1")
+    store.put_object("records/x/y/b.json", b"22")
+    raw.write("records/x/.c.json.1a2b.tmp", b"temp")
+    listed = {info.key: info.size for info in store.list_objects("records/")}
+    assert listed == {"records/x/a.json": 1, "records/x/y/b.json": 2,
+                      "records/x/.c.json.1a2b.tmp": 4}
+    assert store.move_object("records/x/a.json", "damaged/a.json")
+    assert not store.move_object("records/x/a.json", "damaged/again.json")
+    assert store.get_object("damaged/a.json") == b"1"
+    with pytest.raises(NotFoundError):
+        store.get_object("records/x/a.json")
+    store.delete_object("damaged/a.json")
+    store.delete_object("damaged/a.json")  # idempotent
+    assert [info.key for info in store.list_objects("damaged/")] == []

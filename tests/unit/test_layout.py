@@ -1,17 +1,29 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from registry.digest import Digest
 from registry.layout import (
+    RECORD_KINDS,
+    alias_record_key,
     blob_key,
     blob_shard,
+    damaged_key,
+    format_time,
     manifest_key,
+    parse_alias_record_key,
     parse_blob_key,
+    parse_damaged_key,
     parse_manifest_key,
+    parse_record_key,
+    parse_time,
+    record_key,
 )
+from registry.refs import valid_alias_name
 
 XXH = "0123456789abcdef0123456789abcdef"
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -124,15 +136,64 @@ def test_manifest_key_round_trip(hex_digits: str) -> None:
     assert parse_manifest_key(manifest_key(digest)) == digest
 
 
-@given(st.text(max_size=120))
-def test_parse_is_the_exact_inverse(key: str) -> None:
-    """Whatever parses must be exactly the key that its digest maps to, and nothing else."""
-    for parse, make in ((parse_blob_key, blob_key), (parse_manifest_key, manifest_key)):
+def _mutations(key: str) -> st.SearchStrategy[str]:
+    """*key* with one character replaced, inserted or removed: near misses of a real key."""
+    alphabet = st.sampled_from("0123456789abcdefABCDEF/._-xT Z\n\\")
+    position = st.integers(min_value=0, max_value=len(key))
+    return st.one_of(
+        st.tuples(position, alphabet).map(lambda p: key[: p[0]] + p[1] + key[p[0] + 1:]),
+        st.tuples(position, alphabet).map(lambda p: key[: p[0]] + p[1] + key[p[0]:]),
+        position.map(lambda i: key[:i] + key[i + 1:]),
+    )
+
+
+times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(9999, 12, 31),
+                     timezones=st.just(UTC))
+tokens = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
+alias_names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}(/[a-z0-9][a-z0-9._-]{0,8}){0,3}",
+                            fullmatch=True).filter(valid_alias_name)
+real_keys = st.one_of(
+    hex32.map(lambda h: blob_key(Digest("xxh3-128", h))),
+    hex64.map(lambda h: manifest_key(Digest("sha256", h))),
+    st.builds(lambda h, kind, at, token: record_key(Digest("sha256", h), kind, at, token),
+              hex64, st.sampled_from(RECORD_KINDS), times, tokens),
+    st.builds(alias_record_key, alias_names, times, tokens),
+    st.builds(damaged_key, hex32.map(lambda h: blob_key(Digest("xxh3-128", h))), times, tokens),
+)
+candidate_keys = st.one_of(
+    st.text(max_size=120),  # almost never a key: the refusals
+    real_keys,  # always a key: the round trips
+    real_keys.flatmap(_mutations),  # near misses: either refused or still exact
+)
+
+def _round_trips(key: str) -> list[str]:
+    """What each parser that accepts *key* makes of its value again."""
+    made = []
+    for attempt in (
+        lambda: blob_key(parse_blob_key(key)),
+        lambda: manifest_key(parse_manifest_key(key)),
+        lambda: str(parse_record_key(key)),
+        lambda: str(parse_alias_record_key(key)),
+        lambda: str(parse_damaged_key(key)),
+    ):
         try:
-            digest = parse(key)
+            made.append(attempt())
         except ValueError:
             continue
-        assert make(digest) == key
+    return made
+
+
+@given(candidate_keys)
+def test_parse_is_the_exact_inverse(key: str) -> None:
+    """Whatever parses must be exactly the key that its value maps to, and nothing else;
+    every key enginectl makes parses (so the round trip is really exercised), under
+    exactly one parser."""
+    assert _round_trips(key) in ([], [key])
+
+
+@given(real_keys)
+def test_every_key_enginectl_makes_parses(key: str) -> None:
+    assert _round_trips(key) == [key]
 
 
 @given(hex32, st.text(min_size=1))
@@ -145,3 +206,72 @@ def test_any_extra_text_is_rejected(hex_digits: str, extra: str) -> None:
     for mangled in (extra + manifest, manifest + extra):
         with pytest.raises(ValueError, match="not a manifest key"):
             parse_manifest_key(mangled)
+
+
+SHA_DIGEST = Digest("sha256", SHA)
+AT = datetime(2026, 12, 1, 9, 30, 0, 123456, tzinfo=UTC)
+TOKEN = "0123456789abcdef" * 2
+
+
+def test_record_keys_table() -> None:
+    key = record_key(SHA_DIGEST, "smoke", AT, TOKEN)
+    assert key == f"records/sha256/{SHA}/smoke/20261201T093000123456Z-{TOKEN}.json"
+    parsed = parse_record_key(key)
+    assert (parsed.artifact, parsed.kind, parsed.at, parsed.token) == (SHA_DIGEST, "smoke", AT,
+                                                                       TOKEN)
+    assert str(parsed) == key
+    alias = alias_record_key("llama70b/h100/prod", AT, TOKEN)
+    assert alias == f"aliases/llama70b/h100/prod/20261201T093000123456Z-{TOKEN}.json"
+    assert parse_alias_record_key(alias).name == "llama70b/h100/prod"
+    aside = damaged_key(blob_key(Digest("xxh3-128", XXH)), AT, TOKEN)
+    assert aside == f"damaged/20261201T093000123456Z-{TOKEN}/blobs/xxh3-128/01/{XXH[2:]}"
+    assert parse_damaged_key(aside).original == blob_key(Digest("xxh3-128", XXH))
+    assert parse_time(format_time(AT)) == AT
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        f"records/sha256/{SHA}/verdict/20261201T093000123456Z-{TOKEN}.json",  # unknown kind
+        f"records/sha256/{SHA}/smoke/20261201T093000123456-{TOKEN}.json",  # no Z
+        f"records/sha256/{SHA}/smoke/20261301T093000123456Z-{TOKEN}.json",  # month 13
+        f"records/sha256/{SHA}/smoke/20261201T093000123456Z-{TOKEN[:-1]}.json",
+        f"records/sha256/{SHA}/smoke/.20261201T093000123456Z-{TOKEN}.json.5f3a.tmp",
+        f"records/sha256/{SHA}/smoke/20261201T093000123456Z-{TOKEN}.json/x",
+        f"records/sha256/{SHA[:-1]}/smoke/20261201T093000123456Z-{TOKEN}.json",
+        f"records/sha256/{SHA}/smoke/\u0662\u0660\u0662\u0666" + f"1201T093000123456Z-{TOKEN}.json",
+    ],
+)
+def test_parse_record_key_rejects(key: str) -> None:
+    with pytest.raises(ValueError, match="not a record"):
+        parse_record_key(key)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        f"aliases/a/../b/20261201T093000123456Z-{TOKEN}.json",  # traversal
+        f"aliases/a//b/20261201T093000123456Z-{TOKEN}.json",
+        f"aliases/Prod/20261201T093000123456Z-{TOKEN}.json",  # uppercase
+        f"aliases/deadbeef/20261201T093000123456Z-{TOKEN}.json",  # reads as a digest prefix
+        f"aliases/20261201T093000123456Z-{TOKEN}.json",  # no name
+        f"aliases/prod/.20261201T093000123456Z-{TOKEN}.json.1a2b.tmp",
+    ],
+)
+def test_parse_alias_record_key_rejects(key: str) -> None:
+    with pytest.raises(ValueError, match="not an alias"):
+        parse_alias_record_key(key)
+
+
+def test_damaged_keys_hold_only_blobs_and_manifests() -> None:
+    with pytest.raises(ValueError, match="not a blob or manifest key"):
+        damaged_key("records/x", AT, TOKEN)
+    with pytest.raises(ValueError, match="not a blob or manifest key"):
+        parse_damaged_key(f"damaged/20261201T093000123456Z-{TOKEN}/blobs/../etc/passwd")
+    with pytest.raises(ValueError, match="naive"):
+        format_time(datetime(2026, 12, 1))  # the naive time is the point
+
+
+@pytest.mark.parametrize("name", ["a/../b", "a/./b", "../a", "a/..", "a//b", "a/", ".", ".."])
+def test_alias_names_with_dot_segments_are_refused(name: str) -> None:
+    assert not valid_alias_name(name)
