@@ -91,6 +91,7 @@ def build_recipe(
     ctx = ctx or Context()
     try:
         hit_records = {} if force else lookup(ctx, keys)
+        ctx.begin(registry=True)
         result = BuildResult(plan, set(hit_records))
         if dry_run:
             return result
@@ -110,14 +111,18 @@ def build_recipe(
                 report = (lambda outcome: echo(_describe(outcome))) if echo else None
                 result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
                                       keep_going=keep_going, report=report)
-        if result.summary.interrupted:
-            stopped = [f"{o.stage} {short_key(o.key)} ({o.targets[0]})"
-                       for o in result.summary.outcomes if o.status == "cancelled"]
-            raise BuildCancelledError(recipe, len(result.summary.kept), stopped,
-                                      summary=result.summary)
+        raise_if_interrupted(recipe, result.summary)
         return result
     finally:
         ctx.close()
+
+
+def raise_if_interrupted(recipe: Path, summary: BuildSummary) -> None:
+    """Ctrl-C stopped the walk: `BuildCancelledError` with what was kept and cancelled."""
+    if summary.interrupted:
+        stopped = [f"{o.stage} {short_key(o.key)} ({o.targets[0]})"
+                   for o in summary.outcomes if o.status == "cancelled"]
+        raise BuildCancelledError(recipe, len(summary.kept), stopped, summary=summary)
 
 
 class LiveView:

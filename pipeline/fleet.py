@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import BuildResult, LiveView
+from pipeline.build import BuildResult, LiveView, raise_if_interrupted
 from pipeline.errors import FleetError
 from pipeline.executors.dag import walk
 from pipeline.executors.outcome import Outcome
@@ -254,6 +254,7 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
             raise UsageError(f"--only {only!r} matches no target of {recipe} that the "
                              "cluster can build")
         hits = {} if force else lookup(ctx, keys)
+        ctx.begin(registry=True)
         result = BuildResult(plan, set(hits))
         with ctx.registry.session() as session:
             for pool, found_here in probes.items():
@@ -281,6 +282,7 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                 report = (lambda outcome: echo(describe(outcome))) if echo else None
                 result.summary = walk(plan, ctx, keys, backend, hits=hits,
                                       keep_going=keep_going, report=report)
+        raise_if_interrupted(recipe, result.summary)
         return result
     finally:
         executor.disconnect()

@@ -114,6 +114,7 @@ def import_artifact(
         raise UsageError(f"{root} is not a directory")
     labels = _labels(root, spec)
     hashed = hash_directory(root, progress)
+    ctx.begin(registry=True)
     reason = "imported" if spec.status == "built" else "imported as ready, not smoke-tested"
     return publish(ctx, root, kind=spec.kind, labels=labels, status=spec.status,
                    status_reason=reason, progress=progress, hashed=hashed)

@@ -54,7 +54,7 @@ class RegistryConfig:
     cache_dir: Path
     legacy_cache_dirs: tuple[Path, ...] = ()
     """Older cache places whose entries are still used (moved into *cache_dir* on use)."""
-    origins: Mapping[str, str] = field(default_factory=dict)
+    origins: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     """Where each setting came from: the variable that set it, or how its default was made."""
 
     @classmethod

@@ -11,6 +11,7 @@ A context manager, for deploy tools:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import TracebackType
@@ -27,6 +28,21 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     config: RegistryConfig = field(default_factory=RegistryConfig.from_env)
+    on_begin: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    """Called once, when a verb's input has been checked and its work on the store begins
+    (the CLI names the store and registry then, so a refused input stays one line)."""
+
+    def begin(self, *, store: bool = True, registry: bool = False) -> None:
+        """A verb has checked its input and starts its work: open the store (unless not
+        *store*: a cache-hit pull never opens it) and, with *registry*, the SQL registry, so
+        that a bad setting is refused first; then call `on_begin`, once."""
+        if store:
+            self.store  # noqa: B018 - opening it checks ENGINECTL_STORE_URL and the home
+        if registry:
+            self.registry  # noqa: B018 - opening it checks the database (damaged, behind)
+        hook, self.on_begin = self.on_begin, None
+        if hook is not None:
+            hook()
 
     @cached_property
     def store(self) -> Store:

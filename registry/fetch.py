@@ -361,6 +361,7 @@ def fetch(
     protect = [("enginectl's home", ctx.config.home)]
     dest = check_target_place(Path(dest), protected_places(ctx.store, ctx.cache, protect))
     found = find(ctx, ref)
+    ctx.begin()
     manifest = manifest_of(ctx.store, found.digest, heal=True)
     notes = status_notes(found, manifest.kind, allow_unready=allow_unready)
     fetched = fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,

@@ -37,11 +37,16 @@ def keys_by_stage(plan: Plan) -> dict[str, set[str]]:
 STORE_NOTE = "enginectl: note: using store "
 
 
-def stderr_of(done: subprocess.CompletedProcess[str]) -> str:
-    """A command's stderr without the note naming the store and registry it uses, which
-    build, import, fetch and pull print first."""
-    return "".join(line for line in done.stderr.splitlines(keepends=True)
+def without_store_note(stderr: str) -> str:
+    """*stderr* without the note naming the store and registry, which build, import, fetch
+    and pull print when their work begins (after their input was checked)."""
+    return "".join(line for line in stderr.splitlines(keepends=True)
                    if not line.startswith(STORE_NOTE))
+
+
+def stderr_of(done: subprocess.CompletedProcess[str]) -> str:
+    """A command's stderr without the store and registry note (`without_store_note`)."""
+    return without_store_note(done.stderr)
 
 
 FAKES = ROOT / "tests" / "fakes"

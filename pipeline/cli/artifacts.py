@@ -95,7 +95,13 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @handle_errors
 def ls_(as_json: bool, **filters: str | None) -> None:
-    """List registered artifacts."""
+    """List registered artifacts, oldest first, with their status and aliases.
+
+    \b
+    Examples:
+      enginectl ls --model llama-3.3-70b-instruct --gpu h100
+      enginectl ls --status quarantined --json
+    """
     from registry.inventory import ls
     from registry.manifest import KINDS
     from registry.models import ARTIFACT_STATUSES
@@ -131,10 +137,18 @@ def _one_of(option: str, value: str | None, valid: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("ref")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the artifact, manifest, provenance and reports as JSON.")
 @handle_errors
 def show(ref: str, as_json: bool) -> None:
-    """Show an artifact: manifest, provenance, aliases and smoke reports."""
+    """Show an artifact: manifest, provenance, aliases, smoke reports (and where each ran)
+    and the stage run that made it.
+
+    \b
+    Examples:
+      enginectl show llama70b/h100/prod
+      enginectl show 9f86d081884c --json
+    """
     from registry.inventory import show as show_artifact
 
     info = show_artifact(context(), ref)
@@ -261,21 +275,30 @@ def untag(alias: str) -> None:
 
 
 @main.command()
-@click.option("--model", required=True, type=MODEL)
+@click.option("--model", required=True, type=MODEL, help="The model, as recipes name it.")
 @click.option("--gpu", required=True, help="GPU SKU, or 'auto' to read nvidia-smi.")
 @click.option("--gpus", "gpu_count", type=click.IntRange(min=1),
               help="GPUs on the node (auto: counted).")
-@click.option("--min-seq-len", type=click.IntRange(min=1))
-@click.option("--min-batch", type=click.IntRange(min=1))
+@click.option("--min-seq-len", type=click.IntRange(min=1),
+              help="Only artifacts whose max_seq_len is at least this.")
+@click.option("--min-batch", type=click.IntRange(min=1),
+              help="Only artifacts whose max_batch_size is at least this.")
 @click.option("--prefer", multiple=True, type=click.Choice(["engine", "checkpoint", "vllm"]),
               help="Kinds to try first, in order (repeatable).")
 @click.option("--explain", is_flag=True, help="Say why every other artifact was rejected.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print candidates and rejections as JSON.")
 @handle_errors
 def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None,
             min_batch: int | None, prefer: tuple[str, ...], explain: bool,
             as_json: bool) -> None:
-    """Rank the artifacts of a model for a GPU: engines, then checkpoints, then vLLM."""
+    """Rank the artifacts of a model for a GPU: engines, then checkpoints, then vLLM, by
+    the smoke evidence measured on that GPU.
+
+    \b
+    Examples:
+      enginectl resolve --model llama-3.3-70b-instruct --gpu h100 --min-seq-len 4096
+      enginectl resolve --model tiny-llama --gpu auto --explain
+    """
     from registry.errors import RecordNotFoundError, UsageError
     from registry.gpus import UnknownGpuError, lookup_gpu
     from registry.resolve import Request, local_gpu

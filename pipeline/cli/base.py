@@ -222,10 +222,15 @@ def context() -> Any:
 
 
 def announce(ctx: Any) -> None:
-    """One stderr line naming the store and registry a command uses (silenced by -q)."""
+    """One stderr line naming the store and registry a command uses (silenced by -q), said
+    when its work begins (`Context.begin`): input it refuses stays a one-line error."""
     from registry.lookup import shown
 
-    note(f"using store {ctx.config.store_url} and registry {shown(ctx.config.registry_url)}")
+    def say() -> None:
+        note(f"using store {ctx.config.store_url} and registry "
+             f"{shown(ctx.config.registry_url)}")
+
+    ctx.on_begin = say
 
 
 def progress() -> Any:

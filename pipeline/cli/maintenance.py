@@ -128,13 +128,25 @@ def reindex(as_json: bool) -> None:
 
 @main.group()
 def db() -> None:
-    """The SQL registry's schema (Alembic migrations)."""
+    """The SQL registry's schema (Alembic migrations).
+
+    \b
+    Examples:
+      enginectl db current
+      ENGINECTL_REGISTRY_URL=postgresql+psycopg://builder@db/enginectl enginectl db upgrade
+    """
 
 
 @db.command()
 @handle_errors
 def upgrade() -> None:
-    """Migrate the registry to this enginectl's schema."""
+    """Migrate the registry to this enginectl's schema (a PostgreSQL registry behind it is
+    refused until this runs; SQLite migrates on its own).
+
+    \b
+    Examples:
+      enginectl db upgrade
+    """
     from registry.config import RegistryConfig
     from registry.db import safe_url
     from registry.db import upgrade as migrate
@@ -146,7 +158,12 @@ def upgrade() -> None:
 @db.command()
 @handle_errors
 def current() -> None:
-    """Print the registry's schema revision and this enginectl's."""
+    """Print the registry's schema revision and this enginectl's.
+
+    \b
+    Examples:
+      enginectl db current
+    """
     from registry.config import RegistryConfig
     from registry.db import current as revision_of
     from registry.db import head_revision, safe_url

@@ -204,6 +204,14 @@ class _LazyStore:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
 
+    @property
+    def root(self) -> Path | None:
+        """A file:// store's folder (what a fetch target may never be), without opening it."""
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(self._ctx.config.store_url)
+        return Path(unquote(parts.path)) if parts.scheme == "file" else None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx.store, name)
 
@@ -317,5 +325,6 @@ def pull(
         prefer=prefer)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
+    ctx.begin(store=False)  # a cache hit needs no store
     return place(ctx, selection, dest, runtime=runtime, host=host, port=port, verify=verify,
                  force=force, progress=progress)

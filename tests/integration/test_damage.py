@@ -20,6 +20,7 @@ from registry.adopt import ImportSpec, import_artifact
 from registry.context import Context
 from registry.digest import Digest
 from registry.layout import blob_key, manifest_key
+from tests.helpers import stderr_of
 from tests.integration.test_registry_verbs import _overwrite, make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -43,8 +44,8 @@ def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedP
                           timeout=300, check=False)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
-        assert done.stderr.count("\n") == 1, done.stderr
-        assert done.stderr.startswith("enginectl: error: ")
+        assert stderr_of(done).count("\n") == 1, done.stderr
+        assert stderr_of(done).startswith("enginectl: error: ")
     return done
 
 
