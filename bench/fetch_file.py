@@ -61,7 +61,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
     with scratch("enginectl-fetch-file-") as tmp:
         home = tmp / "home"
         store = tmp / "store"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")
+               and k != "PYTHONDONTWRITEBYTECODE"}  # an installed enginectl has its .pyc
         env.update(
             ENGINECTL_HOME=str(home),
             ENGINECTL_STORE_URL=store.as_uri(),
