@@ -6,7 +6,9 @@ Publishes FILES files of MIB MiB each (random bytes) into a `file://` store and 
 bucket of a local S3 server (s3rver, else moto; bench/_support.py), SQLite registry beside
 each, fetches each once to fill its cache, then in interleaved rounds (median of ROUNDS)
 times `enginectl fetch REF -o NEW_DIR` as a user runs it. A cache hit places hard links, so
-the artifact's size hardly matters; its file count does.
+the artifact's size hardly matters; its file count does. Fetched copies are kept until the
+end: deleting one changes the ctime of the cache entries it shares, and the next fetch
+re-hashes those (as it must: an edit in place changes the ctime the same way).
 
 Target: < 0.2 s by full digest on S3 as on `file://`.
 Run: `.venv/bin/python bench/cache_hit.py [--rounds N] [--files N --mib M]` from the
@@ -31,7 +33,6 @@ from _support import (
     machine,
     make_artifact,
     median,
-    rmtree,
     run_measured,
     s3_server,
     scratch,
@@ -57,7 +58,7 @@ def setup(tmp: Path, name: str, source: Path, store_url: str,
                ENGINECTL_CACHE_DIR=str(tmp / name / "cache"))
     digest = str(enginectl(env, "import", str(source), "--kind", "vllm", "--model", "bench",
                            "--ready")["digest"])
-    subprocess.run([ENGINECTL, "-q", "tag", "bench/hit", digest], env=env, check=True,
+    subprocess.run([ENGINECTL, "-q", "tag", digest, "bench/hit"], env=env, check=True,
                    capture_output=True)
     enginectl(env, "fetch", digest, "-o", str(tmp / name / "first"))
     return env, digest
@@ -72,6 +73,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     with scratch("enginectl-cache-hit-") as tmp:
         source = make_artifact(tmp / "src", files=args.files, size=args.mib * MiB)
+        (source / "config.json").write_text("{}")  # what import takes for a checkpoint
         file_env, file_digest = setup(tmp, "file", source, (tmp / "store").as_uri(), {})
         with s3_server(tmp) as server:
             bucket = server.create_bucket()
@@ -96,10 +98,11 @@ def main() -> None:
             def rounds(names: list[str]) -> None:
                 for i in range(args.rounds):
                     for name in names:
-                        dest = tmp / "out" / f"{len(samples[name])}-{name[:4]}"
+                        dest = tmp / "out" / f"{list(samples).index(name)}-{i}"
                         load = loadavg()
                         samples[name].append((cases[name](dest), load))
-                        rmtree(dest)
+                        # kept: deleting a fetched copy changes its cache entries' ctime,
+                        # and the next fetch would re-hash them (registry/cache.py)
                     log(f"round {i + 1}/{args.rounds} (load {loadavg()})")
 
             rounds(list(cases))
