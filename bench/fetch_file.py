@@ -6,9 +6,9 @@ store's blobs in the page cache before every run and `sync` before every run (so
 dirty pages are not the next run's cost):
 
   (a)  `enginectl fetch DIGEST -o DIR`, fetch cache emptied first: every blob is copied
-       into the cache while its xxh3-128 is checked (a reflink where the file system has
-       them, else one buffer, each MiB hashed between its read and its write), then
-       hard-linked into DIR (whole process)
+       into the cache (copy_file_range: a kernel copy, a reflink where the file system has
+       them) and its xxh3-128 checked on the copy through mmap, then hard-linked into DIR
+       (whole process)
   (a') the same through `registry.fetch.fetch` in this process (no start-up cost)
   (b)  `cp -r STORE/blobs DIR` (the same 8 files, into a fresh dir; no verification)
   (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (re-hash + link)
