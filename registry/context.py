@@ -34,10 +34,13 @@ class Context:
 
     def begin(self, *, store: bool = True, registry: bool = False) -> None:
         """A verb has checked its input and starts its work: open the store (unless not
-        *store*: a cache-hit pull never opens it) and, with *registry*, the SQL registry, so
-        that a bad setting is refused first; then call `on_begin`, once."""
+        *store*: a cache hit never opens it, but its settings are checked all the same) and,
+        with *registry*, the SQL registry, so that a bad setting is refused first; then call
+        `on_begin`, once."""
         if store:
             self.store  # noqa: B018 - opening it checks ENGINECTL_STORE_URL and the home
+        elif "store" not in self.__dict__:
+            self.check_store()
         if registry:
             self.registry  # noqa: B018 - opening it checks the database (damaged, behind)
         hook, self.on_begin = self.on_begin, None
@@ -51,6 +54,14 @@ class Context:
         if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
             self._check_home()
         return open_store(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
+
+    def check_store(self) -> None:
+        """The store's settings as `store` checks them, without opening it (no boto3)."""
+        from registry.store import check_store_url
+
+        if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
+            self._check_home()
+        check_store_url(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
 
     @cached_property
     def registry(self) -> Registry:

@@ -47,6 +47,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, Operati
 from sqlalchemy.orm import ORMExecuteState, Session
 
 from registry.errors import ConflictError, DamagedRegistryError, RegistryError, SchemaError
+from registry.lookup import HEAD as LOOKUP_HEAD
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -58,9 +59,10 @@ _PG_LOCK_ID: Final = 0x656E67696E6563  # "enginec": one advisory lock id for mig
 
 SchemaState = Literal["empty", "current", "behind", "newer"]
 
-HEAD: Final = "0003"
-"""The newest migration in migrations/versions. Alembic (a slow import) is only loaded when
-a database is not at HEAD; tests check this constant against Alembic's own head."""
+HEAD: Final = LOOKUP_HEAD
+"""The newest migration in migrations/versions (written in `registry.lookup`, which reads
+without SQLAlchemy). Alembic (a slow import) is only loaded when a database is not at HEAD;
+tests check this constant against Alembic's own head."""
 
 
 def migrations_dir() -> Path:

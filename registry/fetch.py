@@ -1,9 +1,15 @@
 """fetch: an artifact by digest into a directory a server can load, verified, all or nothing.
 
-Blobs come through the local cache (parallel downloads, verified with xxh3-128 while
-streaming), then are placed into a temporary directory beside the target, which is renamed
-into place only when every file checked out; `strict` re-hashes every placed file with
+The manifest comes from the local cache's copy when it has one (a manifest is named by
+its own sha256, re-checked on every read), else from the store, keeping a copy. Blobs come
+through the local cache (parallel downloads, verified with xxh3-128 while streaming), then
+are placed into a temporary directory beside the target, which is renamed into place only
+when every file checked out; `strict` re-hashes every placed file with
 xxh3-128 and sha256, cache hits included. A failure leaves the target as it was.
+
+The store is opened only when something has to be read from it (`LazyStore`): a refetch by
+full digest whose manifest and blobs are in the cache makes no store request and, for S3,
+never imports boto3. An alias or a prefix is still resolved by the registry each time.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from registry.cache import BlobCache
 from registry.damage import set_aside_damaged_blob, set_aside_damaged_manifest
@@ -294,6 +300,46 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         shutil.rmtree(old)
 
 
+class LazyStore:
+    """The context's store, opened on first use: a fetch whose manifest and blobs are all in
+    the cache never opens it (for S3, never imports boto3: a quarter of a second here)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    @property
+    def root(self) -> Path | None:
+        """A file:// store's folder (what a fetch target may never be), without opening it."""
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(self._ctx.config.store_url)
+        return Path(unquote(parts.path)) if parts.scheme == "file" else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx.store, name)
+
+
+def lazy_store(ctx: Context) -> Store:
+    """`LazyStore` typed as the `Store` it stands for (every method, through __getattr__)."""
+    return cast("Store", LazyStore(ctx))
+
+
+def cached_manifest(store: Store, cache: BlobCache, digest: str, *,
+                    heal: bool = False) -> Manifest:
+    """The manifest of *digest*: the cache's copy when its bytes still hash to *digest*, else
+    `manifest_of` the store (with *heal*), keeping a copy for the next fetch."""
+    parsed = Digest.parse(digest)
+    data = cache.manifest(parsed)
+    if data is not None:
+        with contextlib.suppress(ManifestError):  # verified bytes of an unsafe manifest: ask
+            manifest = Manifest.from_bytes(data)  # the store, which will say so itself
+            if str(manifest.digest) == digest:
+                return manifest
+    manifest = manifest_of(store, digest, heal=heal)
+    cache.keep_manifest(parsed, manifest.to_bytes())
+    return manifest
+
+
 def load_manifest(ctx: Context, digest: str) -> Manifest:
     """The manifest of *digest* from the store, verified and checked for safety."""
     return manifest_of(ctx.store, digest)
@@ -354,17 +400,19 @@ def fetch(
     """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*.
 
     A full digest the registry does not know is still fetched from the store, so a deploy
-    node needs only the bucket. The registry is read without SQLAlchemy (`registry.lookup`)
-    so that a fetch starts quickly. The target is checked before anything is read. A
+    node needs only the bucket; with its manifest and blobs in the cache, not even that.
+    The registry is read without SQLAlchemy (`registry.lookup`) so that a fetch starts
+    quickly. The target is checked before anything is read. A
     `quarantined` artifact is refused unless *allow_unready*; see `status_notes` for what
     else is said."""
     protect = [("enginectl's home", ctx.config.home)]
-    dest = check_target_place(Path(dest), protected_places(ctx.store, ctx.cache, protect))
+    store = lazy_store(ctx)
+    dest = check_target_place(Path(dest), protected_places(store, ctx.cache, protect))
     found = find(ctx, ref)
-    ctx.begin()
-    manifest = manifest_of(ctx.store, found.digest, heal=True)
+    ctx.begin(store=False)  # opened when the cache lacks the manifest or a blob
+    manifest = cached_manifest(store, ctx.cache, found.digest, heal=True)
     notes = status_notes(found, manifest.kind, allow_unready=allow_unready)
-    fetched = fetch_manifest(ctx.store, manifest, dest, cache=ctx.cache, verify=verify,
+    fetched = fetch_manifest(store, manifest, dest, cache=ctx.cache, verify=verify,
                              force=force, progress=progress, protect=protect)
     return replace(fetched, notes=notes)
 

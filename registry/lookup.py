@@ -6,7 +6,9 @@ fetch's budget next to `cp -r`. The three reads a fetch needs (an alias, the dig
 prefix, an artifact's status and its reason) are plain SELECTs on two tables whose columns
 have not changed since the first schema, so they run here without SQLAlchemy, under the
 same rules as `registry.refs` (which this shares). `plan` reads the same way which of its
-keys are built and the toolchain last probed on a pool (`built_keys`, `last_toolchain`).
+keys are built and the toolchain last probed on a pool (`built_keys`, `last_toolchain`),
+and `build` what a fully cached build needs to know (`build_state`): it reads those only
+from a registry at the schema head (`HEAD`), and leaves any other to `registry.db`.
 
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
 or has no tables yet, is a registry with no artifacts; one that is empty (0 bytes), not a
@@ -19,13 +21,18 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from registry.errors import DamagedRegistryError, RegistryError
 from registry.refs import resolve_with
+
+HEAD: Final = "0003"
+"""The Alembic revision of the newest schema (`registry.db` reads it from here, so that it is
+known without importing SQLAlchemy); tests check it against Alembic's own head."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,59 @@ def last_toolchain(url: str, pool: str) -> Probed | None:
         return reader.last_toolchain(pool)
 
 
+@dataclass(frozen=True)
+class Reusable:
+    """The newest artifact built for a key that can be reused (not deleted or quarantined)."""
+
+    digest: str
+    status: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class PastRun:
+    """A key's stage-run row: how it ended and how long it took (None: never finished)."""
+
+    status: str
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class BuildState:
+    """What a fully cached build reads: for its keys, the artifacts and stage runs; whether
+    its recipe text is stored; its pool's last probe. `current` is False (and the rest
+    empty) for a registry that is not at `HEAD`, or has no tables yet."""
+
+    current: bool
+    artifacts: dict[str, Reusable] = field(default_factory=dict)
+    runs: dict[str, PastRun] = field(default_factory=dict)
+    recipe_stored: bool = False
+    probe: Probed | None = None
+
+
+def build_state(url: str, keys: set[str], *, recipe: str, pool: str) -> BuildState:
+    """`BuildState` of *keys*, of the recipe whose digest is *recipe*, and of *pool*, read
+    from the registry at *url* in one connection (`registry.records.find_by_keys`,
+    `get_stage_runs` and `toolchain_history` answer the same through the ORM)."""
+    with _reader(url) as reader:
+        if reader.revision() != HEAD:
+            return BuildState(current=False)
+        return BuildState(
+            current=True, artifacts=reader.reusable(keys), runs=reader.past_runs(keys),
+            recipe_stored=bool(reader.rows("SELECT 1 FROM recipes WHERE digest = ?", recipe)),
+            probe=reader.last_toolchain(pool))
+
+
+def _seconds(started: Any, finished: Any) -> float | None:
+    """*finished* - *started* in seconds: datetimes from psycopg, ISO text from SQLite."""
+    if started is None or finished is None:
+        return None
+    if isinstance(started, str):
+        started, finished = datetime.fromisoformat(started), datetime.fromisoformat(finished)
+    seconds: float = (finished - started).total_seconds()
+    return seconds
+
+
 class _Reader:
     """Three SELECTs over a DB-API connection; *connection* is None for a registry with no
     tables yet (nothing is registered)."""
@@ -77,7 +137,7 @@ class _Reader:
         self._connection = connection
         self._placeholder = placeholder
 
-    def _rows(self, sql: str, *values: str) -> list[tuple[Any, ...]]:
+    def rows(self, sql: str, *values: str) -> list[tuple[Any, ...]]:
         if self._connection is None:
             return []
         cursor = self._connection.cursor()
@@ -86,6 +146,36 @@ class _Reader:
             return list(cursor.fetchall())
         finally:
             cursor.close()
+
+    def _chunked(self, sql: str, keys: set[str]) -> Iterator[tuple[Any, ...]]:
+        """The rows of *sql* (with `{marks}` for an IN list) over *keys*, 500 at a time to
+        bound the parameters of one statement; only "?" marks are formatted in, never a
+        value."""
+        ordered = sorted(keys)
+        for first in range(0, len(ordered), 500):
+            chunk = ordered[first:first + 500]
+            yield from self.rows(sql.format(marks=", ".join("?" * len(chunk))), *chunk)
+
+    def revision(self) -> str | None:
+        if self._connection is None or not self._has_table("alembic_version"):
+            return None
+        rows = self.rows("SELECT version_num FROM alembic_version")
+        return str(rows[0][0]) if len(rows) == 1 else None
+
+    def reusable(self, keys: set[str]) -> dict[str, Reusable]:
+        found: dict[str, Reusable] = {}
+        for key, digest, status, reason in self._chunked(
+                "SELECT key, digest, status, status_reason FROM artifacts WHERE key IN "
+                "({marks}) AND status NOT IN ('deleted', 'quarantined') "
+                "ORDER BY created_at, id", keys):
+            found[key] = Reusable(digest, status, reason)  # later rows win: the newest
+        return found
+
+    def past_runs(self, keys: set[str]) -> dict[str, PastRun]:
+        return {key: PastRun(status, _seconds(started, finished))
+                for key, status, started, finished in self._chunked(
+                    "SELECT key, status, started_at, finished_at FROM stage_runs "
+                    "WHERE key IN ({marks})", keys)}
 
     def built_keys(self, keys: set[str]) -> set[str]:
         # Only "?" placeholders are formatted into these statements, never a value.
@@ -101,13 +191,13 @@ class _Reader:
             chunk = ordered[first:first + 500]
             marks = ", ".join("?" * len(chunk))
             for sql in (artifacts, smoked):
-                found.update(row[0] for row in self._rows(sql.format(marks=marks), *chunk))
+                found.update(row[0] for row in self.rows(sql.format(marks=marks), *chunk))
         return found
 
     def last_toolchain(self, pool: str) -> Probed | None:
         if self._connection is None or not self._has_table("toolchains"):
             return None
-        rows = self._rows("SELECT fingerprint, host, probed_at FROM toolchains WHERE pool = ? "
+        rows = self.rows("SELECT fingerprint, host, probed_at FROM toolchains WHERE pool = ? "
                           "ORDER BY probed_at DESC, id DESC LIMIT 1", pool)
         if not rows:
             return None
@@ -121,22 +211,22 @@ class _Reader:
             sql = "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?"
         else:
             sql = "SELECT to_regclass(?)::text"
-        rows = self._rows(sql, name)
+        rows = self.rows(sql, name)
         return bool(rows and rows[0][0])
 
     def find_by_prefix(self, hex_prefix: str) -> list[str]:
         # hex_prefix is hex digits only (refs checked it), so LIKE needs no escaping
-        rows = self._rows("SELECT digest FROM artifacts WHERE digest LIKE ?",
+        rows = self.rows("SELECT digest FROM artifacts WHERE digest LIKE ?",
                           f"sha256:{hex_prefix}%")
         return sorted(row[0] for row in rows)
 
     def get_alias(self, name: str) -> str | None:
-        rows = self._rows("SELECT digest FROM aliases WHERE name = ?", name)
+        rows = self.rows("SELECT digest FROM aliases WHERE name = ?", name)
         return rows[0][0] if rows else None
 
     def status(self, digest: str) -> tuple[str | None, str | None]:
         """(status, status_reason), or Nones when the digest is not registered."""
-        rows = self._rows("SELECT status, status_reason FROM artifacts WHERE digest = ?",
+        rows = self.rows("SELECT status, status_reason FROM artifacts WHERE digest = ?",
                           digest)
         return (rows[0][0], rows[0][1]) if rows else (None, None)
 

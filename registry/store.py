@@ -158,6 +158,22 @@ def open_store(url: str, *, s3_endpoint_url: str | None = None) -> Store:
     """Open the store at *url* (`file:///abs/path` or `s3://bucket/prefix`).
 
     Nothing is contacted or created here; the first operation does that."""
+    where = check_store_url(url, s3_endpoint_url=s3_endpoint_url)
+    if isinstance(where, Path):
+        from registry.filestore import FileStore
+
+        return FileStore(where)
+    from registry.s3store import S3Store
+
+    bucket, prefix = where
+    return S3Store(bucket, prefix, endpoint_url=s3_endpoint_url)
+
+
+def check_store_url(url: str, *, s3_endpoint_url: str | None = None) -> Path | tuple[str, str]:
+    """What `open_store` would open: a `file://` store's folder, or an S3 store's (bucket,
+    prefix); StoreError or ConfigError as `open_store` raises them. Pure: nothing is
+    imported or contacted, so a command that may never need its store (a refetch from the
+    cache) still refuses a bad setting first."""
     parts = urlsplit(url)
     if parts.query or parts.fragment:
         raise StoreError(f"store URL {url!r} must not have a query or fragment", url=url)
@@ -170,17 +186,13 @@ def open_store(url: str, *, s3_endpoint_url: str | None = None) -> Store:
         root = Path(unquote(parts.path))
         if not parts.path or not root.is_absolute():
             raise StoreError(f"store URL {url!r} needs an absolute path: file:///path", url=url)
-        from registry.filestore import FileStore
-
-        return FileStore(root)
+        return root
     if parts.scheme == "s3":
         if not parts.netloc:
             raise StoreError(f"store URL {url!r} has no bucket: s3://bucket/prefix", url=url)
         if s3_endpoint_url is not None:
             check_endpoint_url(s3_endpoint_url)
-        from registry.s3store import S3Store
-
-        return S3Store(parts.netloc, unquote(parts.path), endpoint_url=s3_endpoint_url)
+        return parts.netloc, unquote(parts.path)
     raise StoreError(
         f"unknown store URL scheme {parts.scheme!r} in {url!r}; "
         "use file:///absolute/path or s3://bucket/prefix (ENGINECTL_STORE_URL)",

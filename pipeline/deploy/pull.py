@@ -25,19 +25,17 @@ but a previous pull unless *force*.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from registry.errors import ManifestError, UnreadyError, UsageError
-from registry.fetch import Verify, fetch_manifest, find, load_manifest
+from registry.fetch import Verify, cached_manifest, fetch_manifest, find, lazy_store
 from registry.lookup import Found
 from registry.manifest import FileEntry, Manifest
 
@@ -46,7 +44,6 @@ if TYPE_CHECKING:
     from registry.gpus import GpuSpec
     from registry.progress import Progress
     from registry.resolve import Request
-    from registry.store import Store
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a deploy node serves other machines
 DEFAULT_PORT: Final = 8000
@@ -178,42 +175,10 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
 
 
 def _manifest(ctx: Context, digest: str) -> Manifest:
-    """The manifest of *digest*, from the fetch cache's copy when it has one (a manifest is
-    named by its own sha256, re-checked on every read, so a copy is as good as the store's),
-    else from the store, keeping a copy: a cache-hit pull needs no store request at all."""
-    hex_digest = digest.removeprefix("sha256:")
-    copy = ctx.config.cache_dir / "manifests" / "sha256" / f"{hex_digest}.json"
-    with contextlib.suppress(OSError, ManifestError):
-        cached = Manifest.from_bytes(copy.read_bytes())
-        if str(cached.digest) == digest:
-            return cached
-    manifest = load_manifest(ctx, digest)  # verified against its digest
-    with contextlib.suppress(OSError):
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        temp = copy.with_name(f".tmp-{hex_digest}-{os.getpid()}")
-        temp.write_bytes(manifest.to_bytes())
-        temp.chmod(0o444)
-        temp.replace(copy)
-    return manifest
-
-
-class _LazyStore:
-    """The context's store, opened only when a blob has to be downloaded: a cache-hit pull
-    from S3 never imports boto3 (a quarter of a second here)."""
-
-    def __init__(self, ctx: Context) -> None:
-        self._ctx = ctx
-
-    @property
-    def root(self) -> Path | None:
-        """A file:// store's folder (what a fetch target may never be), without opening it."""
-        from urllib.parse import unquote, urlsplit
-
-        parts = urlsplit(self._ctx.config.store_url)
-        return Path(unquote(parts.path)) if parts.scheme == "file" else None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx.store, name)
+    """The manifest of *digest*, from the fetch cache's copy when it has one, else from the
+    store, keeping a copy (`registry.fetch.cached_manifest`): a cache-hit pull needs no
+    store request at all."""
+    return cached_manifest(lazy_store(ctx), ctx.cache, digest)
 
 
 def _resolved(ctx: Context, request: Request) -> tuple[Found, tuple[str, ...]]:
@@ -287,8 +252,7 @@ def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runt
     dest = Path(dest).absolute()
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
     with staged(dest, force=force) as tree:
-        store = cast("Store", _LazyStore(ctx))  # every Store method, through __getattr__
-        fetched = fetch_manifest(store, merged(selection), tree, cache=ctx.cache,
+        fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
                                  verify=verify, progress=progress)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                             downloaded_bytes=fetched.downloaded_bytes,

@@ -15,7 +15,6 @@ other exception stops the backend the same way before it propagates.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Protocol
@@ -46,15 +45,6 @@ class Backend(Protocol):
     def stop(self) -> None:
         """Stop every run in flight now (Ctrl-C): their children are stopped, their leases
         released, and nothing half-done is published."""
-
-
-def selected_keys(plan: Plan, only: str | None) -> set[str]:
-    """The keys the targets matching *only* (a glob over target ids) need."""
-    keys: set[str] = set()
-    for planned in plan.targets:
-        if only is None or fnmatch.fnmatch(planned.target.id, only):
-            keys.update(planned.chain)
-    return keys
 
 
 def walk(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,

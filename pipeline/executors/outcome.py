@@ -9,6 +9,18 @@ Status = Literal["built", "reused", "failed", "skipped", "waiting", "pending-smo
                  "smoke-failed", "cancelled"]
 
 
+def awaits_smoke(reason: str) -> str:
+    """The status reason of an entry this machine cannot smoke (shown by ls and show)."""
+    return f"awaits smoke: {reason}"
+
+
+def pending_smoke(stage: str, key: str, targets: list[str], *, entry: str, gpu: str | None,
+                  reason: str) -> Outcome:
+    """The outcome of a smoke run this machine cannot run: the entry stays built."""
+    return Outcome(stage, key, "pending-smoke", targets, digest=entry,
+                   error=f"stays built: {reason}; run `enginectl smoke {entry}` on a {gpu} node")
+
+
 @dataclass
 class Outcome:
     stage: str

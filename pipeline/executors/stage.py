@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from pipeline.errors import StageError
-from pipeline.executors.outcome import Outcome
+from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.plan import Plan, StageRun
 from pipeline.settings import Settings
@@ -249,13 +249,12 @@ class StageWorker:
     def _awaits_smoke(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
                       reason: str) -> Outcome:
         """This machine cannot smoke *run*: the entry stays as it is, with the reason."""
-        why = f"awaits smoke: {reason}"
+        why = awaits_smoke(reason)
         if record is not None and record.status == "built" and record.status_reason != why:
             with self.ctx.registry.session() as session:  # shown by ls and show
                 history.set_status(self.ctx.store, session, entry, "built", why)
-        return Outcome(run.stage, run.key, "pending-smoke", run.targets, digest=entry,
-                       error=f"stays built: {reason}; run `enginectl smoke {entry}` "
-                             f"on a {run.gpu} node")
+        return pending_smoke(run.stage, run.key, run.targets, entry=entry, gpu=run.gpu,
+                             reason=reason)
 
     def _served_digests(self, run: StageRun, digests: Mapping[str, str]) -> dict[str, str]:
         """*digests* plus what the smoke server reads beyond the entry: the checkpoint the
