@@ -24,7 +24,8 @@ from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.executors.stage import lookup
 from pipeline.keys import short_key
 from pipeline.plan import Plan, StageRun, plan_recipe
-from pipeline.recipe import load_recipe
+from pipeline.promote import Promotion, promote_built
+from pipeline.recipe import LoadedRecipe, load_recipe
 from pipeline.report import plan_lines
 from pipeline.settings import Settings
 from pipeline.toolchain import for_build, local_pool, probe
@@ -40,6 +41,8 @@ class BuildResult:
     plan: Plan
     hits: set[str]
     summary: BuildSummary = field(default_factory=BuildSummary)
+    promotions: list[Promotion] = field(default_factory=list)
+    """The recipe's `promote` aliases this build moved (`pipeline.promote.promote_built`)."""
 
 
 def _describe(outcome: Outcome) -> str:
@@ -66,6 +69,8 @@ def build_recipe(
     ctx: Context | None = None,
     run_on: str = "local",
     address: str = "auto",
+    loaded: LoadedRecipe | None = None,
+    promote: bool = True,
 ) -> BuildResult:
     """Build what *recipe* needs that the registry lacks (see the module doc).
 
@@ -73,15 +78,18 @@ def build_recipe(
     a live table instead. Published outputs leave the work directory once no later run
     reads them, unless *keep_work*. Ctrl-C raises `BuildCancelledError` with what was kept
     (its `summary` says which runs finished and which were cancelled). *run_on* "ray"
-    runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`)."""
+    runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`).
+    *loaded* is the recipe already read (a recorded one: *recipe* is where it was read);
+    with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
+    artifact move to the targets' ready artifacts (`pipeline.promote.promote_built`)."""
     if run_on == "ray":  # a Ray cluster's pools (pipeline.fleet); Ray is imported only there
         from pipeline.fleet import build_on_ray
 
         built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
                                           keep_going=keep_going, dry_run=dry_run, echo=echo,
-                                          ctx=ctx)
+                                          ctx=ctx, loaded=loaded, promote=promote)
         return built
-    loaded = load_recipe(recipe)
+    loaded = loaded or load_recipe(recipe)
     settings = Settings.from_env()
     found = probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
     plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
@@ -93,13 +101,15 @@ def build_recipe(
         hit_records = {} if force else lookup(ctx, keys)
         ctx.begin(registry=True)
         result = BuildResult(plan, set(hit_records))
+        with ctx.registry.session() as session:
+            # what `plan` keys with next time, and what a nightly compares with
+            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                     found.toolchain.as_dict(), socket.gethostname())
         if dry_run:
             return result
         with ctx.registry.session() as session:
             records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
-            # what `plan` keys with next time, and what a nightly compares with
-            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
-                                     found.toolchain.as_dict(), socket.gethostname())
+            records.touch_recipe(session, loaded.digest, loaded.path)
         with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
                            local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
             if echo is not None and (sys.stdout.isatty() if live is None else live):
@@ -112,6 +122,8 @@ def build_recipe(
                 result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
                                       keep_going=keep_going, report=report)
         raise_if_interrupted(recipe, result.summary)
+        if promote:
+            result.promotions = promote_built(ctx, plan, result.summary)
         return result
     finally:
         ctx.close()
@@ -205,4 +217,6 @@ def summary_lines(result: BuildResult) -> list[str]:
     for outcome in summary.outcomes:
         if outcome.status == "smoke-failed":
             lines.append(f"SMOKE FAILED {outcome.targets[0]}: {outcome.error}")
+    for promotion in result.promotions:
+        lines.append(f"promoted {promotion.alias} -> {promotion.new} ({promotion.reason})")
     return lines

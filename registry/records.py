@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import Select, Table, delete, insert, select, update
@@ -72,6 +73,7 @@ __all__ = [  # the re-exported names too
     "ArtifactRecord",
     "ArtifactStatus",
     "FileRecord",
+    "RecordedRecipe",
     "RunStatus",
     "SmokeReport",
     "StageRunRecord",
@@ -98,6 +100,7 @@ __all__ = [  # the re-exported names too
     "put_alias",
     "record_recipe",
     "record_toolchain",
+    "recorded_recipes",
     "referenced_blobs",
     "referenced_digests",
     "release_lease",
@@ -107,6 +110,7 @@ __all__ = [  # the re-exported names too
     "set_status",
     "smoke_reports",
     "toolchain_history",
+    "touch_recipe",
     "try_acquire_lease",
 ]
 
@@ -343,11 +347,25 @@ def history_blobs(session: Session) -> set[str]:
     return found
 
 
-def aliased_in_history(session: Session) -> set[str]:
-    """Every artifact an alias points at or ever pointed at (rollback targets, and what an
-    audit of "what was prod" needs): gc keeps their manifests and blobs, deleted or not."""
-    moved = session.scalars(select(AliasEventRow.digest).where(AliasEventRow.digest.is_not(None)))
-    return {digest for digest in moved if digest} | set(session.scalars(select(Alias.digest)))
+def aliased_in_history(session: Session, keep_superseded: int | None = None) -> set[str]:
+    """What gc keeps for alias history: every artifact an alias points at now, and those
+    it pointed at before — all of them (*keep_superseded* None), or the last
+    *keep_superseded* distinct ones of each alias (rollback targets, and what an audit of
+    "what was prod" needs)."""
+    kept = set(session.scalars(select(Alias.digest)))
+    query = (select(AliasEventRow.name, AliasEventRow.digest)
+             .where(AliasEventRow.digest.is_not(None)).order_by(AliasEventRow.id.desc()))
+    current = dict(session.execute(select(Alias.name, Alias.digest)).tuples().all())
+    before: dict[str, list[str]] = {}
+    for name, digest in session.execute(query).tuples():
+        if digest is None or digest == current.get(name):
+            continue
+        seen = before.setdefault(name, [])
+        if digest not in seen and (keep_superseded is None or len(seen) < keep_superseded):
+            seen.append(digest)
+    for digests in before.values():
+        kept.update(digests)
+    return kept
 
 
 def insert_alias_event(session: Session, name: str, digest: str | None, previous: str | None,
@@ -426,6 +444,31 @@ def record_recipe(session: Session, digest: str, name: str, text: str) -> bool:
     )
     inserted = session.execute(stmt.on_conflict_do_nothing().returning(Recipe.digest)).first()
     return inserted is not None
+
+
+def touch_recipe(session: Session, digest: str, path: Path) -> None:
+    """Note that the recipe stored under *digest* was just built from *path* (what a
+    nightly without arguments reads: every recipe at its latest content)."""
+    session.execute(update(Recipe).where(Recipe.digest == digest)
+                    .values(path=str(path), last_used_at=utcnow()))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRecipe:
+    digest: str
+    name: str
+    text: str
+    path: str
+
+
+def recorded_recipes(session: Session) -> list[RecordedRecipe]:
+    """Each recipe name's latest built content (with where it was read), by name."""
+    query = (select(Recipe.digest, Recipe.name, Recipe.text, Recipe.path)
+             .where(Recipe.path.is_not(None), Recipe.last_used_at.is_not(None))
+             .order_by(Recipe.last_used_at, Recipe.digest))
+    latest = {row.name: RecordedRecipe(row.digest, row.name, row.text, row.path or "")
+              for row in session.execute(query)}
+    return [latest[name] for name in sorted(latest)]
 
 
 def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
