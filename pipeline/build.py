@@ -41,6 +41,8 @@ class BuildResult:
     plan: Plan
     hits: set[str]
     summary: BuildSummary = field(default_factory=BuildSummary)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What each pool's toolchain probe found (pool -> fingerprint), recorded or not."""
     promotions: list[Promotion] = field(default_factory=list)
     """The recipe's `promote` aliases this build moved (`pipeline.promote.promote_built`)."""
 
@@ -71,6 +73,7 @@ def build_recipe(
     address: str = "auto",
     loaded: LoadedRecipe | None = None,
     promote: bool = True,
+    record_probes: bool | None = None,
 ) -> BuildResult:
     """Build what *recipe* needs that the registry lacks (see the module doc).
 
@@ -81,13 +84,16 @@ def build_recipe(
     runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`).
     *loaded* is the recipe already read (a recorded one: *recipe* is where it was read);
     with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
-    artifact move to the targets' ready artifacts (`pipeline.promote.promote_built`)."""
+    artifact move to the targets' ready artifacts (`pipeline.promote.promote_built`).
+    *record_probes* says whether the toolchain probes are recorded (None: unless a local
+    dry run; a Ray dry run records what it probed)."""
     if run_on == "ray":  # a Ray cluster's pools (pipeline.fleet); Ray is imported only there
         from pipeline.fleet import build_on_ray
 
         built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
                                           keep_going=keep_going, dry_run=dry_run, echo=echo,
-                                          ctx=ctx, loaded=loaded, promote=promote)
+                                          ctx=ctx, loaded=loaded, promote=promote,
+                                          record_probes=record_probes is not False)
         return built
     loaded = loaded or load_recipe(recipe)
     settings = Settings.from_env()
@@ -100,11 +106,13 @@ def build_recipe(
     try:
         hit_records = {} if force else lookup(ctx, keys)
         ctx.begin(registry=True)
-        result = BuildResult(plan, set(hit_records))
-        with ctx.registry.session() as session:
-            # what `plan` keys with next time, and what a nightly compares with
-            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
-                                     found.toolchain.as_dict(), socket.gethostname())
+        result = BuildResult(plan, set(hit_records),
+                             probes={local_pool(): found.toolchain.as_dict()})
+        if record_probes or (record_probes is None and not dry_run):
+            with ctx.registry.session() as session:
+                # what `plan` keys with next time, and what a nightly compares with
+                records.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                         found.toolchain.as_dict(), socket.gethostname())
         if dry_run:
             return result
         with ctx.registry.session() as session:

@@ -224,7 +224,7 @@ class NodeView(LiveView):
 def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: bool = False,
                  keep_going: bool = False, dry_run: bool = False, echo: Echo | None = None,
                  ctx: Context | None = None, loaded: LoadedRecipe | None = None,
-                 promote: bool = True) -> BuildResult:
+                 promote: bool = True, record_probes: bool = True) -> BuildResult:
     """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
     plan's stage runs as Ray tasks (*loaded* and *promote* as `build_recipe` takes them)."""
     from pipeline.executors.local import owner_id
@@ -257,9 +257,11 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                              "cluster can build")
         hits = {} if force else lookup(ctx, keys)
         ctx.begin(registry=True)
-        result = BuildResult(plan, set(hits))
+        result = BuildResult(plan, set(hits),
+                             probes={pool: ps[0].toolchain.as_dict()
+                                     for pool, ps in probes.items() if ps})
         with ctx.registry.session() as session:
-            for pool, found_here in probes.items():
+            for pool, found_here in probes.items() if record_probes else ():
                 for probe in found_here:
                     records.record_toolchain(session, pool, probe.toolchain.gpu,
                                              probe.toolchain.as_dict(), probe.node.host,

@@ -85,16 +85,17 @@ def _number(value: Any) -> float | None:
 
 
 def compare_levels(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
-                   max_regression: float) -> list[Level]:
+                   max_regression: float | None) -> list[Level]:
     """The load levels of two smoke reports side by side; a level where both measured and
-    the new throughput is below (1 - *max_regression*) of the old is `regressed`."""
+    the new throughput is below (1 - *max_regression*) of the old is `regressed` (never,
+    with *max_regression* None: a comparison to show, not a gate)."""
     before, after = _levels(old), _levels(new)
     levels = []
     for concurrency in sorted(set(before) | set(after)):
         old_tps = _number(before.get(concurrency, {}).get("output_tokens_per_s"))
         new_tps = _number(after.get(concurrency, {}).get("output_tokens_per_s"))
-        regressed = (old_tps is not None and new_tps is not None
-                     and new_tps < (1 - max_regression) * old_tps)
+        regressed = (max_regression is not None and old_tps is not None
+                     and new_tps is not None and new_tps < (1 - max_regression) * old_tps)
         levels.append(Level(
             concurrency, old_tps, new_tps,
             _number(before.get(concurrency, {}).get("ttft_p50_s")),

@@ -450,7 +450,7 @@ def touch_recipe(session: Session, digest: str, path: Path) -> None:
     """Note that the recipe stored under *digest* was just built from *path* (what a
     nightly without arguments reads: every recipe at its latest content)."""
     session.execute(update(Recipe).where(Recipe.digest == digest)
-                    .values(path=str(path), last_used_at=utcnow()))
+                    .values(path=str(path.resolve()), last_used_at=utcnow()))
 
 
 @dataclass(frozen=True, slots=True)
