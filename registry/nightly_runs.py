@@ -44,11 +44,12 @@ def finish(session: Session, run_id: int, *, status: str, exit_code: int,
 
 
 def last_finished(session: Session) -> NightlyRecord | None:
-    """The newest nightly that ran to its end (a dry run is never recorded)."""
+    """The newest nightly that ran to its end (not one stopped or broken; a dry run is
+    never recorded)."""
     row = session.execute(
         select(NightlyRun.id, NightlyRun.owner, NightlyRun.host, NightlyRun.started_at,
                NightlyRun.finished_at, NightlyRun.status, NightlyRun.exit_code)
-        .where(NightlyRun.finished_at.is_not(None))
+        .where(NightlyRun.status == "finished")
         .order_by(NightlyRun.started_at.desc(), NightlyRun.id.desc()).limit(1)).first()
     return None if row is None else NightlyRecord(*row)
 

@@ -299,6 +299,7 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
             keeper.acquire()
             report.waited_for = keeper.waited_for
         failed = True
+        run_id: int | None = None
         try:
             with ctx.registry.session() as session:
                 last = nightly_runs.last_finished(session)
@@ -329,10 +330,19 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
                 with ctx.registry.session() as session:
                     nightly_runs.finish(session, run_id, status="finished",
                                         exit_code=report.exit_code, report=as_json(report))
-            return report
+        except BaseException as exc:
+            if run_id is not None:  # Ctrl-C or an error: the row says how it ended
+                cancelled = isinstance(exc, BuildCancelledError | KeyboardInterrupt)
+                with ctx.registry.session() as session:
+                    nightly_runs.finish(session, run_id,
+                                        status="cancelled" if cancelled else "failed",
+                                        exit_code=130 if cancelled else 1,
+                                        report={"error": " ".join(str(exc).split())})
+            raise
         finally:
             if keeper is not None:
                 keeper.release(failed)
+        return report
     finally:
         ctx.close()
 
