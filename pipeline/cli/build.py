@@ -162,7 +162,8 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
             click.echo("\n".join(dry_run_lines(result)))
         return
     if as_json:
-        echo_json(result.summary.as_dict())
+        echo_json({**result.summary.as_dict(),
+                   "promotions": [p.as_dict() for p in result.promotions]})
     else:
         click.echo("\n".join(summary_lines(result)))
     if verbosity() >= VERBOSE:
