@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.compare import _CSS
+from pipeline.compare import PAGE_CSS
 from pipeline.keys import short_key
 from pipeline.nightly.run import NightlyReport, TargetReport
 from pipeline.promote import Level
@@ -179,7 +179,7 @@ def render_html(report: NightlyReport) -> str:
         body.append("</tbody></table></div>")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title>", f"<style>{_CSS}</style></head><body>", *body,
+        f"<title>{_e(title)}</title>", f"<style>{PAGE_CSS}</style></head><body>", *body,
         "</body></html>", ""])
 
 

@@ -184,12 +184,21 @@ def recipe_paths(arguments: Sequence[Path]) -> list[Path]:
     return found
 
 
-def recorded(ctx: Context) -> list[LoadedRecipe]:
+def recorded(ctx: Context) -> list[LoadedRecipe | RecipeReport]:
     """Every recipe the registry has built, at its latest recorded content, read as if at
-    the place it was read from (its local sources are relative to it)."""
+    the place it was read from (its local sources are relative to it); one that no longer
+    reads (its local model moved away) is a failed recipe of the report, not of the run."""
     with ctx.registry.session(readonly=True) as session:
         rows = records.recorded_recipes(session)
-    return [parse_recipe(Path(row.path), row.text) for row in rows]
+    found: list[LoadedRecipe | RecipeReport] = []
+    for row in rows:
+        try:
+            found.append(parse_recipe(Path(row.path), row.text))
+        except EnginectlError as exc:
+            found.append(RecipeReport(row.name, row.path, row.digest,
+                                      error=f"cannot read the recorded recipe: {exc}",
+                                      exit_code=exc.exit_code))
+    return found
 
 
 def _pools_of(plan: Plan, executor: str) -> list[str]:
@@ -288,8 +297,9 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
     ctx = Context()
     ctx.begin(registry=True)
     try:
-        loaded = ([load_recipe(path) for path in recipe_paths(arguments)] if arguments
-                  else recorded(ctx))
+        loaded: list[LoadedRecipe | RecipeReport] = (
+            [load_recipe(path) for path in recipe_paths(arguments)] if arguments
+            else recorded(ctx))
         if not loaded:
             raise UsageError("no recipe to requalify: name RECIPE files or directories, or "
                              "build one first (`enginectl build RECIPE` records it)")
@@ -310,18 +320,16 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
             pools: set[str] = set()
             probed_now: dict[str, dict[str, Any]] = {}
             for recipe in loaded:
+                if isinstance(recipe, RecipeReport):
+                    report.recipes.append(recipe)
+                    continue
                 say(f"nightly: {recipe.recipe.display_name} ({recipe.path})")
                 done, recipe_pools = _requalify(recipe, ctx, settings, before, executor=executor,
                                                 address=address, dry_run=dry_run, jobs=jobs,
                                                 echo=echo, probed_now=probed_now)
                 report.recipes.append(done)
                 pools |= recipe_pools
-            for pool in sorted(pools):
-                was, now = before.get(pool), probed_now.get(pool)
-                report.pools.append(PoolReport(
-                    pool, (now or {}).get("gpu") or (None if now is None else "CPU"),
-                    was.fingerprint if was else None, now, was.probed_at if was else None,
-                    toolchain_changes(was.fingerprint if was else None, now or {})))
+            report.pools = _pool_reports(sorted(pools), before, probed_now)
             report.finished_at = utcnow()
             failed = False
             if run_id is not None:
@@ -332,12 +340,7 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
                                         exit_code=report.exit_code, report=as_json(report))
         except BaseException as exc:
             if run_id is not None:  # Ctrl-C or an error: the row says how it ended
-                cancelled = isinstance(exc, BuildCancelledError | KeyboardInterrupt)
-                with ctx.registry.session() as session:
-                    nightly_runs.finish(session, run_id,
-                                        status="cancelled" if cancelled else "failed",
-                                        exit_code=130 if cancelled else 1,
-                                        report={"error": " ".join(str(exc).split())})
+                _record_broken(ctx, run_id, exc)
             raise
         finally:
             if keeper is not None:
@@ -345,6 +348,26 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
         return report
     finally:
         ctx.close()
+
+
+def _pool_reports(pools: Sequence[str], before: dict[str, records.ToolchainProbe],
+                  probed_now: dict[str, dict[str, Any]]) -> list[PoolReport]:
+    found = []
+    for pool in pools:
+        was, now = before.get(pool), probed_now.get(pool)
+        found.append(PoolReport(
+            pool, (now or {}).get("gpu") or (None if now is None else "CPU"),
+            was.fingerprint if was else None, now, was.probed_at if was else None,
+            toolchain_changes(was.fingerprint if was else None, now or {})))
+    return found
+
+
+def _record_broken(ctx: Context, run_id: int, exc: BaseException) -> None:
+    cancelled = isinstance(exc, BuildCancelledError | KeyboardInterrupt)
+    with ctx.registry.session() as session:
+        nightly_runs.finish(session, run_id, status="cancelled" if cancelled else "failed",
+                            exit_code=130 if cancelled else 1,
+                            report={"error": " ".join(str(exc).split())})
 
 
 def _requalify(  # noqa: PLR0912 - one pass over the recipe's steps, in order

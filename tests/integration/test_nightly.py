@@ -285,3 +285,25 @@ def test_html_report_renders_in_chromium(box: Box, chromium: str, tmp_path: Path
     browse(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900",
            "--hide-scrollbars", page.as_uri())
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_target_never_blocks_the_others_and_exits_3_with_its_log(box: Box) -> None:
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        old_engine = get_alias(session, ENGINE_ALIAS)
+    box.bump(NEW)
+    failing = {"FAKE_TRTLLM_FAIL": "out of memory while building layer 7"}
+    report = box.nightly(code=3, **failing)
+    [failure] = report["failures"]
+    assert (failure["target"], failure["stage"], failure["outcome"]) == (
+        ENGINE_TARGET, "build", "failed")
+    assert "out of memory while building layer 7" in failure["error"]
+    assert Path(failure["log"]).is_file()
+    pytorch = target(report, ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch"))
+    assert pytorch["verdict"] == "re-proved"  # not blocked by the engine
+    assert target(report, ENGINE_TARGET)["promotions"][0]["action"] == "not-ready"
+    text = box.run("nightly", code=3, env=failing).stdout
+    assert "out of memory while building layer 7" in text
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == old_engine
+    healed = box.nightly()  # the failure is not "nothing changed": the next run retries
+    assert target(healed, ENGINE_TARGET)["verdict"] == "rebuilt"
