@@ -53,6 +53,11 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, d
     from pipeline.nightly.report import notify, text_lines, write_html
     from pipeline.nightly.run import nightly as run_nightly
 
+    if html_path is not None and not html_path.resolve().parent.is_dir():  # before the work
+        from registry.errors import UsageError
+
+        raise UsageError(f"--html {html_path}: directory {html_path.resolve().parent} does "
+                         "not exist")
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
     report = run_nightly(recipes, executor=executor, address=address, dry_run=dry_run,
