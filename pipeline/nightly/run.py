@@ -370,11 +370,11 @@ def _record_broken(ctx: Context, run_id: int, exc: BaseException) -> None:
                             report={"error": " ".join(str(exc).split())})
 
 
-def _requalify(  # noqa: PLR0912 - one pass over the recipe's steps, in order
+def _requalify(
         loaded: LoadedRecipe, ctx: Context, settings: Settings,
-               before: dict[str, records.ToolchainProbe], *, executor: str, address: str,
-               dry_run: bool, jobs: int, echo: Echo | None,
-               probed_now: dict[str, dict[str, Any]]) -> tuple[RecipeReport, set[str]]:
+        before: dict[str, records.ToolchainProbe], *, executor: str, address: str,
+        dry_run: bool, jobs: int, echo: Echo | None,
+        probed_now: dict[str, dict[str, Any]]) -> tuple[RecipeReport, set[str]]:
     """One recipe: probe (as its build does), re-plan, build what is missing, promote."""
     name = loaded.recipe.display_name
     done = RecipeReport(name, str(loaded.path), loaded.digest)
@@ -395,6 +395,8 @@ def _requalify(  # noqa: PLR0912 - one pass over the recipe's steps, in order
     why: dict[tuple[str, str], KeyChange] = {}
     if old is not None:
         why = {(c.target, c.new_key): c for c in key_changes(old, plan)}
+    with ctx.registry.session(readonly=True) as session:  # how they last ran, if ever
+        runs = records.get_stage_runs(session, missing)
     summary: BuildSummary | None = None
     if not dry_run:
         try:
@@ -412,21 +414,9 @@ def _requalify(  # noqa: PLR0912 - one pass over the recipe's steps, in order
     outcomes = _outcomes(summary)
     changed_smokes: set[str] = set()
     for planned in plan.targets:
-        stages = []
-        for key in planned.chain:
-            if key not in missing:
-                continue
-            run = plan.stages[key]
-            change = why.get((planned.target.id, key))
-            because = list(change.because) if change else ["not built before"]
-            outcome = outcomes.get(key)
-            log = run.workdir / f"{run.stage}.log"
-            stages.append(StageReport(
-                run.stage, key, because, "would run" if dry_run else
-                (outcome.status if outcome else "skipped"),
-                outcome.digest if outcome else None, outcome.error if outcome else None,
-                str(log) if outcome and outcome.status not in ("built", "reused")
-                and log.is_file() else None))
+        stages = [_stage_report(plan, key, why.get((planned.target.id, key)), runs.get(key),
+                                outcomes.get(key), dry_run=dry_run)
+                  for key in planned.chain if key in missing]
         if not stages:
             continue
         target = TargetReport(planned.target.id, stages)
@@ -439,6 +429,29 @@ def _requalify(  # noqa: PLR0912 - one pass over the recipe's steps, in order
         for promotion in promote_gated(ctx, plan, summary, changed_smokes):
             by_target[promotion.target].promotions.append(promotion)
     return done, pools
+
+
+def _stage_report(plan: Plan, key: str, change: KeyChange | None,
+                  previous: records.StageRunRecord | None, outcome: Outcome | None, *,
+                  dry_run: bool) -> StageReport:
+    run = plan.stages[key]
+    because = list(change.because) if change else [_unexplained(previous)]
+    if dry_run:
+        return StageReport(run.stage, key, because, "would run")
+    if outcome is None:
+        return StageReport(run.stage, key, because, "skipped")
+    log = run.workdir / f"{run.stage}.log"
+    shown = str(log) if outcome.status not in ("built", "reused") and log.is_file() else None
+    return StageReport(run.stage, key, because, outcome.status, outcome.digest, outcome.error,
+                       shown)
+
+
+def _unexplained(run: records.StageRunRecord | None) -> str:
+    """Why a key is missing that no toolchain change moved: a new target or recipe change,
+    or a run that did not succeed (it failed, was stopped, or its smoke did not pass)."""
+    if run is None:
+        return "not built before"
+    return f"its last run {run.status}" + (f" ({run.error[:120]})" if run.error else "")
 
 
 def _levels(ctx: Context, plan: Plan, old: Plan | None, target_id: str,

@@ -306,4 +306,6 @@ def test_a_failing_target_never_blocks_the_others_and_exits_3_with_its_log(box: 
     with open_registry(box.registry_url) as registry, registry.session() as session:
         assert get_alias(session, ENGINE_ALIAS) == old_engine
     healed = box.nightly()  # the failure is not "nothing changed": the next run retries
-    assert target(healed, ENGINE_TARGET)["verdict"] == "rebuilt"
+    engine = target(healed, ENGINE_TARGET)
+    assert engine["verdict"] == "rebuilt"
+    assert engine["stages"][0]["because"][0].startswith("its last run failed")
