@@ -169,6 +169,18 @@ def test_a_driver_bump_rebuilds_the_engine_and_re_proves_the_checkpoint(box: Box
     failed = box.run("rollback", "toy/nothing/here", code=2)
     assert "points nowhere" in failed.stderr
 
+    # promotion, supersession and rollback are in the store: reindex restores them
+    fresh = f"sqlite:///{box.cwd / 'reindexed.db'}"
+    box.run("reindex", env={"ENGINECTL_REGISTRY_URL": fresh})
+    with open_registry(fresh) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == old_engine
+        statuses = {a.digest: a.status for a in list_artifacts(session, kind="trtllm-engine")}
+        assert statuses == {old_engine: "ready", new_engine: "superseded"}
+        moves = alias_history(session, ENGINE_ALIAS)
+        assert [m.digest for m in moves] == [old_engine, new_engine, old_engine]
+        assert moves[1].details is not None
+        assert moves[1].details["rule"] == "nightly"
+
 
 def test_gc_keeps_superseded_within_the_window(box: Box) -> None:
     digests = []
