@@ -20,18 +20,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import BuildCancelledError
 from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.keys import short_key
 from pipeline.plan import Plan, StageRun, plan_recipe, selected_keys
-from pipeline.recipe import load_recipe
+from pipeline.recipe import LoadedRecipe, load_recipe
 from pipeline.report import plan_lines
 from pipeline.settings import Settings
 from pipeline.toolchain import Probe, Toolchain, for_build, local_pool, probe
 from registry.context import Context
 from registry.errors import RegistryError, UsageError
+
+if TYPE_CHECKING:
+    from pipeline.promote import Promotion
 
 Echo = Callable[[str], None]
 
@@ -41,6 +44,10 @@ class BuildResult:
     plan: Plan
     hits: set[str]
     summary: BuildSummary = field(default_factory=BuildSummary)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What each pool's toolchain probe found (pool -> fingerprint), recorded or not."""
+    promotions: list[Promotion] = field(default_factory=list)
+    """The recipe's `promote` aliases this build moved (`pipeline.promote.promote_built`)."""
 
 
 def _describe(outcome: Outcome) -> str:
@@ -67,6 +74,9 @@ def build_recipe(
     ctx: Context | None = None,
     run_on: str = "local",
     address: str = "auto",
+    loaded: LoadedRecipe | None = None,
+    promote: bool = True,
+    record_probes: bool | None = None,
 ) -> BuildResult:
     """Build what *recipe* needs that the registry lacks (see the module doc).
 
@@ -74,15 +84,21 @@ def build_recipe(
     a live table instead. Published outputs leave the work directory once no later run
     reads them, unless *keep_work*. Ctrl-C raises `BuildCancelledError` with what was kept
     (its `summary` says which runs finished and which were cancelled). *run_on* "ray"
-    runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`)."""
+    runs the stage runs on the Ray cluster at *address* instead (`pipeline.fleet`).
+    *loaded* is the recipe already read (a recorded one: *recipe* is where it was read);
+    with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
+    artifact move to the targets' ready artifacts (`pipeline.promote.promote_built`).
+    *record_probes* says whether the toolchain probes are recorded (None: unless a local
+    dry run; a Ray dry run records what it probed)."""
     if run_on == "ray":  # a Ray cluster's pools (pipeline.fleet); Ray is imported only there
         from pipeline.fleet import build_on_ray
 
         built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
                                           keep_going=keep_going, dry_run=dry_run, echo=echo,
-                                          ctx=ctx)
+                                          ctx=ctx, loaded=loaded, promote=promote,
+                                          record_probes=record_probes is not False)
         return built
-    loaded = load_recipe(recipe)
+    loaded = loaded or load_recipe(recipe)
     settings = Settings.from_env()
     found = probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
     plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
@@ -92,7 +108,8 @@ def build_recipe(
     ctx = ctx or Context()
     try:
         if not force:
-            done = _nothing_to_do(plan, keys, ctx, settings, found.toolchain, dry_run=dry_run)
+            done = _nothing_to_do(plan, keys, ctx, settings, found.toolchain, dry_run=dry_run,
+                                  promote=promote, record_probes=record_probes)
             if done is not None:
                 ctx.begin(store=False)  # nothing is read from the store, nor written
                 if echo is not None and not dry_run:
@@ -101,53 +118,66 @@ def build_recipe(
                 return done
         return _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
                       keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
-                      live=live)
+                      live=live, promote=promote, record_probes=record_probes)
     finally:
         ctx.close()
 
 
 def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
-                   toolchain: Toolchain, *, dry_run: bool) -> BuildResult | None:
+                   toolchain: Toolchain, *, dry_run: bool, promote: bool,
+                   record_probes: bool | None) -> BuildResult | None:
     """The result of a build (or a dry run) with nothing to do, read without the ORM
-    (`pipeline.noop`); None when there is work, or the registry is not at the schema head."""
+    (`pipeline.noop`); None when there is work (a promotion or a probe to record is work),
+    or the registry is not at the schema head."""
     from pipeline.noop import noop_summary
     from registry.lookup import build_state
 
     url = ctx.config.registry_url
+    probes = {local_pool(): toolchain.as_dict()}
     if dry_run:  # what is built: the keys with an artifact, as `lookup` finds them
+        if record_probes:
+            return None
         try:
             state = build_state(url, keys, recipe=plan.loaded.digest, pool=local_pool())
         except RegistryError:
             return None
-        return BuildResult(plan, set(state.artifacts)) if state.current else None
+        return BuildResult(plan, set(state.artifacts), probes=probes) if state.current \
+            else None
     summary = noop_summary(plan, keys, settings=settings, toolchain=toolchain,
-                           registry_url=url, pool=local_pool(), host=socket.gethostname())
+                           registry_url=url, pool=local_pool(), host=socket.gethostname(),
+                           channels=plan.channels if promote else ())
     if summary is None:
         return None
     hits = {o.key for o in summary.outcomes if o.status == "reused" and o.stage != "smoke"}
-    return BuildResult(plan, hits, summary)
+    return BuildResult(plan, hits, summary, probes=probes)
 
 
 def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: Probe, *,
            recipe: Path, jobs: int, force: bool, keep_going: bool, dry_run: bool,
-           keep_work: bool, echo: Echo | None, live: bool | None) -> BuildResult:
-    """The full path: look up the keys, record the recipe and the probe, walk the DAG."""
+           keep_work: bool, echo: Echo | None, live: bool | None, promote: bool,
+           record_probes: bool | None) -> BuildResult:
+    """The full path: look up the keys, record the recipe and the probe, walk the DAG, fill
+    the recipe's empty promotion channels."""
     from pipeline.executors.dag import walk
     from pipeline.executors.local import LocalExecutor
     from pipeline.executors.stage import lookup
+    from pipeline.promote import promote_built
     from registry import records
 
     loaded = plan.loaded
     hit_records = {} if force else lookup(ctx, keys)
     ctx.begin(registry=True)
-    result = BuildResult(plan, set(hit_records))
+    result = BuildResult(plan, set(hit_records), probes={local_pool(): found.toolchain.as_dict()})
+    if record_probes or (record_probes is None and not dry_run):
+        with ctx.registry.session() as session:
+            # what `plan` keys with next time, and what a nightly compares with
+            records.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                     found.toolchain.as_dict(), socket.gethostname())
     if dry_run:
         return result
     with ctx.registry.session() as session:
         records.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
-        # what `plan` keys with next time, and what a nightly compares with
-        records.record_toolchain(session, local_pool(), found.toolchain.gpu,
-                                 found.toolchain.as_dict(), socket.gethostname())
+        records.touch_recipe(session, loaded.digest, loaded.path)
     with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
                        local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
         if echo is not None and (sys.stdout.isatty() if live is None else live):
@@ -160,6 +190,8 @@ def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: 
             result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
                                   keep_going=keep_going, report=report)
     raise_if_interrupted(recipe, result.summary)
+    if promote:
+        result.promotions = promote_built(ctx, plan, result.summary)
     return result
 
 
@@ -251,4 +283,6 @@ def summary_lines(result: BuildResult) -> list[str]:
     for outcome in summary.outcomes:
         if outcome.status == "smoke-failed":
             lines.append(f"SMOKE FAILED {outcome.targets[0]}: {outcome.error}")
+    for promotion in result.promotions:
+        lines.append(f"promoted {promotion.alias} -> {promotion.new} ({promotion.reason})")
     return lines

@@ -267,7 +267,7 @@ def render_table(comparison: Comparison) -> str:
 
 # --- HTML ------------------------------------------------------------------------------------
 
-_CSS: Final = """
+PAGE_CSS: Final = """
 body { font: 13px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin: 0 0 4px; }
 p.note { color: #555; margin: 4px 0 16px; }
@@ -382,7 +382,7 @@ def render_html(comparison: Comparison) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>enginectl compare: {_e(title)}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{PAGE_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="note">{_e(note)}</p>',
         '<div class="wide"><table id="compare">',

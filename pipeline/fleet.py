@@ -223,12 +223,14 @@ class NodeView(LiveView):
 
 def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: bool = False,
                  keep_going: bool = False, dry_run: bool = False, echo: Echo | None = None,
-                 ctx: Context | None = None) -> BuildResult:
+                 ctx: Context | None = None, loaded: LoadedRecipe | None = None,
+                 promote: bool = True, record_probes: bool = True) -> BuildResult:
     """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
-    plan's stage runs as Ray tasks."""
+    plan's stage runs as Ray tasks (*loaded* and *promote* as `build_recipe` takes them)."""
     from pipeline.executors.local import owner_id
+    from pipeline.promote import promote_built
 
-    loaded = load_recipe(recipe)
+    loaded = loaded or load_recipe(recipe)
     settings = Settings.from_env()
     executor = _ray()
     ctx = ctx or Context()
@@ -255,9 +257,11 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                              "cluster can build")
         hits = {} if force else lookup(ctx, keys)
         ctx.begin(registry=True)
-        result = BuildResult(plan, set(hits))
+        result = BuildResult(plan, set(hits),
+                             probes={pool: ps[0].toolchain.as_dict()
+                                     for pool, ps in probes.items() if ps})
         with ctx.registry.session() as session:
-            for pool, found_here in probes.items():
+            for pool, found_here in probes.items() if record_probes else ():
                 for probe in found_here:
                     records.record_toolchain(session, pool, probe.toolchain.gpu,
                                              probe.toolchain.as_dict(), probe.node.host,
@@ -267,6 +271,7 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
         with ctx.registry.session() as session:
             records.record_recipe(session, loaded.digest, loaded.recipe.display_name,
                                   loaded.text)
+            records.touch_recipe(session, loaded.digest, loaded.path)
         cpu_nodes = [n.node_id for n in found.cpu.nodes] if found.cpu_only else []
         with executor.backend(plan, ctx, owner=owner_id(), force=force,
                               probed={pool: frozenset(p.node.node_id for p in ps)
@@ -283,6 +288,8 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                 result.summary = walk(plan, ctx, keys, backend, hits=hits,
                                       keep_going=keep_going, report=report)
         raise_if_interrupted(recipe, result.summary)
+        if promote:
+            result.promotions = promote_built(ctx, plan, result.summary)
         return result
     finally:
         executor.disconnect()

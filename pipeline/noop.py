@@ -14,14 +14,20 @@ outcomes the walk would report:
 or None, and the build takes the full path (ORM, leases, executor) that writes what is
 needed, when anything would be written or run: a key without an artifact, a smoke run this
 machine can run (or whose entry's status reason is not yet the one it would set), a recipe
-text not yet stored, a toolchain probe other than the last one recorded for this machine's
-pool, or a registry not at the schema head (one to migrate, or to refuse). An unchanged probe
-is not recorded again. Reads only; pure apart from `build_state` and the smoke check of
+text not yet stored or not the one of its name last built from this path (what a nightly
+takes), a promotion channel the build would fill (`pipeline.promote.promote_built`), a
+toolchain probe other than the last one recorded for this machine's pool, or a registry not
+at the schema head (one to migrate, or to refuse). An unchanged probe is not recorded again.
+Reads only; pure apart from `build_state` and the smoke check of
 `pipeline.stages.smoke.unavailable`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.channels import Channel
 from pipeline.executors.outcome import BuildSummary, Outcome, awaits_smoke, pending_smoke
 from pipeline.plan import Plan
 from pipeline.settings import Settings
@@ -31,18 +37,43 @@ from registry.lookup import BuildState, build_state
 
 
 def noop_summary(plan: Plan, keys: set[str], *, settings: Settings, toolchain: Toolchain,
-                 registry_url: str, pool: str, host: str) -> BuildSummary | None:
+                 registry_url: str, pool: str, host: str,
+                 channels: Sequence[Channel] = ()) -> BuildSummary | None:
     """The summary of building *keys* of *plan* when every one is done (module doc), else
-    None. *toolchain* is this machine's probe, to be recorded for *pool* on *host*."""
+    None. *toolchain* is this machine's probe, to be recorded for *pool* on *host*;
+    *channels* are the promotion channels the build would fill."""
+    loaded = plan.loaded
     try:
-        state = build_state(registry_url, keys, recipe=plan.loaded.digest, pool=pool)
+        state = build_state(registry_url, keys, recipe=loaded.digest, pool=pool,
+                            name=loaded.recipe.display_name,
+                            aliases={channel.alias for channel in channels})
     except RegistryError:  # the full path opens it, and says what is wrong
         return None
     probe = state.probe
-    if not state.current or not state.recipe_stored or probe is None \
-            or probe.host != host or probe.fingerprint != toolchain.as_dict():
+    if not state.current or not state.recipe_stored \
+            or state.latest_recipe != (loaded.digest, str(Path(loaded.path).resolve())) \
+            or probe is None or probe.host != host or probe.fingerprint != toolchain.as_dict():
         return None
-    return outcomes(plan, keys, state, settings=settings, local_gpu=toolchain.gpu)
+    summary = outcomes(plan, keys, state, settings=settings, local_gpu=toolchain.gpu)
+    if summary is None or would_promote(summary, channels, state):
+        return None
+    return summary
+
+
+def would_promote(summary: BuildSummary, channels: Sequence[Channel], state: BuildState) -> bool:
+    """Whether the build rule (`pipeline.promote.promote_built`) would move an alias: a
+    channel's entry proven ready here while its alias points nowhere or at a superseded
+    artifact."""
+    proven = {o.key: o.digest for o in summary.outcomes
+              if o.stage == "smoke" and o.status == "reused" and o.digest}
+    for channel in channels:
+        new = proven.get(channel.smoke)
+        if new is None:
+            continue
+        current = state.aliases.get(channel.alias)
+        if current is None or (current[0] != new and current[1] == "superseded"):
+            return True
+    return False
 
 
 def outcomes(plan: Plan, keys: set[str], state: BuildState, *, settings: Settings,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.channels import Channel, channels
 from pipeline.keys import short_key, stage_key
 from pipeline.memory import Fit, calibration_gpus
 from pipeline.recipe import LoadedRecipe, Recipe, TrtllmServe, VllmServe
@@ -104,6 +105,7 @@ class Plan:
     toolchains: PoolToolchains  # what each target's stages are keyed with, pins applied
     targets: list[PlannedTarget]
     stages: dict[str, StageRun]  # by key, in an order where inputs come first
+    channels: list[Channel] = field(default_factory=list)  # the recipe's `promote`, rendered
     _by_id: dict[str, Target] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -138,6 +140,7 @@ class Plan:
             "stages": [
                 {**run.as_dict(), "built": built(run.key)} for run in self.stages.values()
             ],
+            "promote": [channel.as_dict() for channel in self.channels],
         }
 
     def commands(self) -> list[list[str]]:
@@ -381,7 +384,8 @@ def plan_recipe(
     planned = [
         PlannedTarget(target, fit, planner.chain(target)) for target, fit in plan_targets(loaded)
     ]
-    return Plan(loaded, pools, planned, planner.stages)
+    promoted = channels(loaded, [(p.target, p.chain) for p in planned])
+    return Plan(loaded, pools, planned, planner.stages, promoted)
 
 
 def selected_keys(plan: Plan, only: str | None) -> set[str]:

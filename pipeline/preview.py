@@ -10,13 +10,22 @@ cannot be read only costs the "built" column, with a note.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from pipeline.plan import Plan, plan_recipe
 from pipeline.recipe import LoadedRecipe
 from pipeline.settings import Settings
-from pipeline.toolchain import BUILDER_IMAGE, Toolchain, for_plan, from_dict, local_pool
-from registry.errors import RegistryError
+from pipeline.toolchain import (
+    BUILDER_IMAGE,
+    FIELDS,
+    Toolchain,
+    for_plan,
+    from_dict,
+    local_pool,
+)
+from registry.errors import RegistryError, UsageError
 from registry.lookup import built_keys, last_toolchain, shown
 
 
@@ -29,12 +38,37 @@ class Preview:
     """Where the plan's toolchain came from: "<pool> probed <time>" or "builder image"."""
 
 
+OVERRIDABLE: Final = tuple(name for name in FIELDS if name not in ("gpu", "sm"))
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, str]:
+    """`driver=575.57.08` items as {field: value}; UsageError naming a bad item."""
+    found: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip():
+            raise UsageError(f"--toolchain {item!r}: expected FIELD=VALUE, e.g. "
+                             "driver=575.57.08")
+        if name not in OVERRIDABLE:
+            raise UsageError(f"--toolchain {item!r}: unknown field {name!r}; one of "
+                             f"{', '.join(OVERRIDABLE)}")
+        found[name] = value.strip()
+    return found
+
+
+def _bumped(toolchain: Toolchain, overrides: Mapping[str, str]) -> Toolchain:
+    values: dict[str, Any] = dict(overrides)
+    return replace(toolchain, **values) if values else toolchain
+
+
 def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str,
-            pools: str = "local") -> Preview:
+            pools: str = "local", overrides: Mapping[str, str] | None = None) -> Preview:
     """The plan of *loaded* for a build on this machine (the local executor's pool), or, with
-    *pools* "ray", on a Ray cluster's pools (each target's SKU its own)."""
+    *pools* "ray", on a Ray cluster's pools (each target's SKU its own); *overrides* replace
+    fields of every pool's fingerprint (what-if: `plan --toolchain driver=…`)."""
+    overrides = overrides or {}
     if pools == "ray":
-        return _on_ray_pools(loaded, settings, registry_url)
+        return _on_ray_pools(loaded, settings, registry_url, overrides)
     notes: list[str] = []
     pool = local_pool()
     try:
@@ -54,7 +88,7 @@ def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str,
         source = f"{pool} probed {probed.probed_at}"
         if note:
             notes.append(note)
-    plan = plan_recipe(loaded, settings, toolchain)
+    plan = plan_recipe(loaded, settings, _bumped(toolchain, overrides))
     result = Preview(plan, notes=notes, toolchain_source=source)
     if not notes or probed is not None:
         try:
@@ -64,7 +98,8 @@ def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str,
     return result
 
 
-def _on_ray_pools(loaded: LoadedRecipe, settings: Settings, registry_url: str) -> Preview:
+def _on_ray_pools(loaded: LoadedRecipe, settings: Settings, registry_url: str,
+                  overrides: Mapping[str, str]) -> Preview:
     """Each target keyed with its Ray pool's last recorded probe (pool = the catalog SKU;
     CPU targets and stages on CPU nodes: the CPU pool's, else the builder image's), as a
     build with `--executor ray` keys it after probing; the cluster is not contacted."""
@@ -96,7 +131,10 @@ def _on_ray_pools(loaded: LoadedRecipe, settings: Settings, registry_url: str) -
         notes.append(f"no probe is recorded for the Ray pools {', '.join(never)} in "
                      f"{shown(registry_url)}; their keys use the builder image's versions "
                      "(`enginectl build --executor ray` probes and records them)")
-    default = by_pool.get(CPU_POOL, BUILDER_IMAGE)
+    default = _bumped(by_pool.get(CPU_POOL, BUILDER_IMAGE), overrides)
+    by_pool = {pool: _bumped(tc, overrides) for pool, tc in by_pool.items()}
+    for pool in never:
+        by_pool[pool] = _bumped(BUILDER_IMAGE, overrides)
     plan = plan_recipe(loaded, settings, PoolToolchains(default, by_pool))
     source = "Ray pools: " + "; ".join(sources + [f"{p} builder image" for p in never])
     result = Preview(plan, notes=notes, toolchain_source=source)

@@ -438,6 +438,42 @@ class ToolchainPins(_Model):
         return _unique(values)
 
 
+PLACEHOLDERS: tuple[str, ...] = ("model", "gpu", "quant", "runtime", "shape", "tp")
+_PLACEHOLDER = re.compile(r"{([^{}]*)}")
+
+
+class PromoteMatch(_Model):
+    """Which targets a promotion channel follows: any matrix axes, each a value or a list;
+    an axis left out matches any value."""
+
+    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), _AXIS] | None = None
+    tp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
+    pp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
+    quant: Annotated[list[Quant], BeforeValidator(_as_list), _AXIS] | None = None
+    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list), _AXIS] | None = None
+    shape: Annotated[list[str], BeforeValidator(_as_list), _SHAPES] | None = None
+    runtime: Annotated[list[Runtime], BeforeValidator(_as_list), _AXIS] | None = None
+
+
+class Promotion(_Model):
+    """One promotion channel: the alias (with placeholders) that follows the targets
+    *match* selects, moved only to an artifact no slower than *max_regression* allows."""
+
+    alias: str = Field(min_length=1, max_length=255)
+    match: PromoteMatch = PromoteMatch()
+    max_regression: float = Field(default=0.05, ge=0, lt=1)
+
+    @field_validator("alias")
+    @classmethod
+    def _known_placeholders(cls, alias: str) -> str:
+        for name in _PLACEHOLDER.findall(alias):
+            if name not in PLACEHOLDERS:
+                known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                raise ValueError(f"unknown placeholder {{{name}}} in {alias!r}; the "
+                                 f"placeholders are {known}")
+        return alias
+
+
 class Recipe(_Model):
     name: str | None = None
     model: ModelSpec
@@ -447,6 +483,7 @@ class Recipe(_Model):
     serve: ServeSettings = ServeSettings(trtllm=TrtllmServe())
     smoke: SmokeSettings = SmokeSettings()
     toolchain: ToolchainPins = ToolchainPins()
+    promote: Annotated[list[Promotion], Field(max_length=MAX_FILTERS)] = []
 
     @property
     def display_name(self) -> str:
@@ -483,7 +520,10 @@ class LoadedRecipe(BaseModel):
     @property
     def digest(self) -> str:
         """Identity of what the recipe says, not how it is written (comments, key order)."""
-        return str(sha256_of_json(floats_as_strings(self.recipe.model_dump(mode="json"))))
+        # a recipe without promotion channels keeps the digest it had before they existed
+        exclude = None if self.recipe.promote else {"promote"}
+        return str(sha256_of_json(floats_as_strings(
+            self.recipe.model_dump(mode="json", exclude=exclude))))
 
 
 def _one_line(text: object) -> str:

@@ -51,6 +51,8 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
             else:
                 status = f"shared by {users} targets" if users > 1 else "new"
             lines.append(f"  {run.stage:<9} {short_key(key)}  {run.kind:<21} {status}")
+        lines += [f"  promotes {c.alias} (max regression {c.max_regression:.0%})"
+                  for c in plan.channels if c.target == target.id]
     counts = Counter(run.stage for run in plan.stages.values())
     parts = ", ".join(f"{counts[s]} {s}" for s in STAGE_ORDER if counts[s])
     toolchain = ", ".join(f"{k} {v}" for k, v in plan.toolchain.as_dict().items() if v)

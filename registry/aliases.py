@@ -42,3 +42,34 @@ def untag(ctx: Context, alias: str) -> str:
     """Remove *alias*; returns the digest it pointed at."""
     with ctx.registry.session() as session:
         return history.remove_alias(ctx.store, session, alias)
+
+
+def rollback(ctx: Context, alias: str, note: str | None = None) -> tuple[str, str]:
+    """Move *alias* back to the artifact it pointed at before its last move (its recorded
+    history); returns (that digest, the digest it pointed at). The artifact it leaves
+    becomes `superseded` when no other alias points at it (it no longer resolves), and the
+    one it returns to, if superseded, `ready` again: it was proven before."""
+    check_alias_name(alias)
+    with ctx.registry.session() as session:
+        current = records.get_alias(session, alias)
+        if current is None:
+            raise UsageError(f"alias {alias!r} points nowhere; nothing to roll back "
+                             "(`enginectl tag REF ALIAS` sets it)")
+        moves = [e for e in records.alias_history(session, alias) if e.digest == current]
+        before = moves[-1].previous_digest if moves else None
+        if before is None:
+            raise UsageError(f"alias {alias!r} has pointed only at {current[:19]}…; its "
+                             "history has nothing to roll back to")
+        status = records.get_status(session, before)
+        if status in (None, "deleted", "quarantined"):
+            raise UsageError(f"alias {alias!r} pointed at {before[:19]}… before, which is "
+                             f"{status or 'not registered'}; tag another artifact instead")
+        if status == "superseded":
+            history.set_status(ctx.store, session, before, "ready", f"rollback of {alias}")
+        history.set_alias(ctx.store, session, alias, before, note or "rollback",
+                          details={"rollback": True, "from": current})
+        if not records.aliases_for(session, current) \
+                and records.get_status(session, current) == "ready":
+            history.set_status(ctx.store, session, current, "superseded",
+                               f"rolled back from as {alias}")
+        return before, current

@@ -3,8 +3,10 @@
 Kept, always:
 
 - every blob of an artifact that is not deleted (ready, aliased or otherwise);
-- every blob and the manifest of an artifact an alias points at or ever pointed at (alias
-  history: what was prod stays fetchable by digest), even once deleted;
+- every blob and the manifest of an artifact an alias points at, and of the last
+  `keep_superseded` (default 3) others each alias pointed at before (alias history: what was
+  prod stays fetchable by digest, and `enginectl rollback` has somewhere to go), even once
+  deleted;
 - every blob history references: stage run logs (`stage_runs.log_location`) and smoke logs
   (a smoke report's `log`), which `enginectl logs` reads;
 - every blob of a publish in progress (a live `pending_publishes` row);
@@ -20,6 +22,10 @@ gc runs in two phases, `Collector.mark` and `Collector.sweep`, under the registr
 held exclusively (`registry.gclock`): no publish registers in between, and a publish that
 began meanwhile puts back, under the same lock, any blob the sweep took (`registry.pending`).
 Records (`records/`, `aliases/`) are history and are never collected.
+
+A `superseded` artifact (a promotion replaced it) beyond that window is retired first: it
+becomes `deleted` (recorded in the store, as every status change), and its blobs go with the
+rest. With --dry-run it is only listed.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ MAX_GRACE = timedelta(days=36500)
 and dates before year 1 do not exist."""
 
 
+DEFAULT_KEEP_SUPERSEDED = 3
+"""How many artifacts each alias pointed at before (besides its current one) gc keeps."""
+
+
 @dataclass
 class Collected:
     blobs: list[Digest] = field(default_factory=list)
@@ -59,6 +69,8 @@ class Collected:
     """Blobs kept only because a publish in progress relies on them."""
     kept_for_history: int = 0
     """Blobs kept only because history references them (logs, deleted but aliased once)."""
+    retired: list[str] = field(default_factory=list)
+    """Superseded artifacts beyond the alias history kept, made `deleted` (or, dry, to be)."""
 
 
 def check_grace(grace: timedelta) -> timedelta:
@@ -85,13 +97,32 @@ class Collector:
     """One gc run in phases; `gc` holds the gc lock around `mark` and `sweep`."""
 
     def __init__(self, ctx: Context, *, grace: timedelta = timedelta(days=7),
-                 dry_run: bool = False, now: datetime | None = None) -> None:
+                 dry_run: bool = False, now: datetime | None = None,
+                 keep_superseded: int = DEFAULT_KEEP_SUPERSEDED) -> None:
+        if keep_superseded < 0:
+            raise UsageError(f"--keep-superseded {keep_superseded}: give 0 or more")
         self.ctx = ctx
+        self.keep_superseded = keep_superseded
         self.dry_run = dry_run
         self.now = now or datetime.now(UTC)
         self.cutoff = self.now - check_grace(grace)
         self.result = Collected()
         self.keep: set[Digest] = set()
+
+    def retire(self) -> None:
+        """Superseded artifacts outside every alias's kept history become `deleted`."""
+        from registry import history
+
+        with self.ctx.registry.session() as session:
+            historic = records.aliased_in_history(session, self.keep_superseded)
+            retired = [r.digest for r in records.list_artifacts(session, status="superseded")
+                       if r.digest not in historic]
+            if not self.dry_run:
+                for digest in retired:
+                    history.set_status(self.ctx.store, session, digest, "deleted",
+                                       f"gc: superseded, past --keep-superseded "
+                                       f"{self.keep_superseded}")
+        self.result.retired = retired
 
     def mark(self) -> None:
         """Decide what stays: every reference the registry and the store hold now."""
@@ -99,7 +130,7 @@ class Collector:
         with ctx.registry.session(readonly=True) as session:
             live = records.referenced_digests(session)
             keep = {Digest.parse(d) for d in records.referenced_blobs(session)}
-            historic = records.aliased_in_history(session)
+            historic = records.aliased_in_history(session, self.keep_superseded)
             kept_deleted = [r for r in records.list_artifacts(session, status="deleted")
                             if r.digest in historic]
             deleted = {r.digest for r in records.list_artifacts(session, status="deleted")}
@@ -147,9 +178,12 @@ class Collector:
 
 
 def gc(ctx: Context, *, grace: timedelta = timedelta(days=7), dry_run: bool = False,
-       now: datetime | None = None) -> Collected:
+       now: datetime | None = None,
+       keep_superseded: int = DEFAULT_KEEP_SUPERSEDED) -> Collected:
     """Collect the store (see the module doc) under the registry's gc lock."""
-    collector = Collector(ctx, grace=grace, dry_run=dry_run, now=now)
+    collector = Collector(ctx, grace=grace, dry_run=dry_run, now=now,
+                          keep_superseded=keep_superseded)
     with ctx.registry.gc_lock(shared=False):
+        collector.retire()
         collector.mark()
         return collector.sweep()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -103,20 +103,36 @@ class BuildState:
     artifacts: dict[str, Reusable] = field(default_factory=dict)
     runs: dict[str, PastRun] = field(default_factory=dict)
     recipe_stored: bool = False
+    latest_recipe: tuple[str, str | None] | None = None
+    """(digest, path) of the recipe of this name last built (what a nightly takes)."""
+    aliases: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """For each alias asked about that points somewhere: (digest, that artifact's status)."""
     probe: Probed | None = None
 
 
-def build_state(url: str, keys: set[str], *, recipe: str, pool: str) -> BuildState:
-    """`BuildState` of *keys*, of the recipe whose digest is *recipe*, and of *pool*, read
-    from the registry at *url* in one connection (`registry.records.find_by_keys`,
-    `get_stage_runs` and `toolchain_history` answer the same through the ORM)."""
+def build_state(url: str, keys: set[str], *, recipe: str, pool: str, name: str = "",
+                aliases: Iterable[str] = ()) -> BuildState:
+    """`BuildState` of *keys*, of the recipe whose digest is *recipe* (and the one of *name*
+    last built), of *aliases* and of *pool*, read from the registry at *url* in one
+    connection (`registry.records.find_by_keys`, `get_stage_runs`, `recorded_recipes`,
+    `get_alias` and `toolchain_history` answer the same through the ORM)."""
     with _reader(url) as reader:
         if reader.revision() != HEAD:
             return BuildState(current=False)
+        latest = reader.rows("SELECT digest, path FROM recipes WHERE name = ? AND path IS NOT "
+                             "NULL AND last_used_at IS NOT NULL ORDER BY last_used_at DESC, "
+                             "digest DESC LIMIT 1", name)
+        pointed = {}
+        for alias in sorted(aliases):
+            rows = reader.rows("SELECT a.digest, r.status FROM aliases a JOIN artifacts r ON "
+                               "r.digest = a.digest WHERE a.name = ?", alias)
+            if rows:
+                pointed[alias] = (str(rows[0][0]), str(rows[0][1]))
         return BuildState(
             current=True, artifacts=reader.reusable(keys), runs=reader.past_runs(keys),
             recipe_stored=bool(reader.rows("SELECT 1 FROM recipes WHERE digest = ?", recipe)),
-            probe=reader.last_toolchain(pool))
+            latest_recipe=(str(latest[0][0]), latest[0][1]) if latest else None,
+            aliases=pointed, probe=reader.last_toolchain(pool))
 
 
 def _seconds(started: Any, finished: Any) -> float | None:

@@ -12,22 +12,33 @@ Status changes, alias moves and smoke reports are also records in the store (the
 the whole truth): write them through `registry.history`, which puts the store record and
 then these rows in one call; the writers here are the SQL half (and what `reindex` replays).
 
-Over 500 lines on purpose, for now: splitting it (leases, toolchains and recipes into modules
-of their own) moves functions that other branches are editing; due after they merge.
+Leases (`registry.leases`) and smoke reports (`registry.smoke_records`) live in modules of
+their own; their names are re-exported here, where callers have always found them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal, cast
 
-from sqlalchemy import Select, Table, case, delete, insert, or_, select, update
+from sqlalchemy import Select, Table, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from registry.digest import Digest
 from registry.errors import ConflictError, RecordNotFoundError
+from registry.leases import (
+    RunStatus,
+    StageRunRecord,
+    cancel_run,
+    get_stage_run,
+    get_stage_runs,
+    release_lease,
+    renew_lease,
+    try_acquire_lease,
+)
 from registry.models import (
     ARTIFACT_KINDS,
     ARTIFACT_STATUSES,
@@ -39,16 +50,69 @@ from registry.models import (
     utcnow,
 )
 from registry.models import AliasEvent as AliasEventRow
-from registry.models import ArtifactEvidence as EvidenceRow
 from registry.models import SmokeReport as SmokeReportRow
 from registry.models import Toolchain as ToolchainRow
+from registry.rows import artifact_id as row_id
+from registry.rows import insert_for
+from registry.smoke_records import (
+    SmokeReport,
+    add_smoke_report,
+    smoke_reports,
+)
 
 ArtifactKind = Literal[
     "trtllm-engine", "trtllm-checkpoint", "vllm", "hf-checkpoint", "quantized-checkpoint",
     "converted-checkpoint",
 ]
 ArtifactStatus = Literal["building", "built", "ready", "quarantined", "superseded", "deleted"]
-RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+
+
+__all__ = [  # the re-exported names too
+    "AliasEvent",
+    "ArtifactKind",
+    "ArtifactRecord",
+    "ArtifactStatus",
+    "FileRecord",
+    "RecordedRecipe",
+    "RunStatus",
+    "SmokeReport",
+    "StageRunRecord",
+    "ToolchainProbe",
+    "add_artifact",
+    "add_artifact_if_absent",
+    "add_smoke_report",
+    "alias_history",
+    "aliased_in_history",
+    "aliases_for",
+    "cancel_run",
+    "find_by_keys",
+    "find_by_prefix",
+    "get_alias",
+    "get_artifact",
+    "get_recipe_text",
+    "get_stage_run",
+    "get_stage_runs",
+    "get_status",
+    "history_blobs",
+    "insert_alias_event",
+    "list_artifacts",
+    "mark_deleted",
+    "put_alias",
+    "record_recipe",
+    "record_toolchain",
+    "recorded_recipes",
+    "referenced_blobs",
+    "referenced_digests",
+    "release_lease",
+    "remove_alias",
+    "renew_lease",
+    "set_alias",
+    "set_status",
+    "smoke_reports",
+    "toolchain_history",
+    "touch_recipe",
+    "try_acquire_lease",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,60 +166,7 @@ class AliasEvent:
     details: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SmokeReport:
-    digest: str
-    passed: bool
-    report: dict[str, Any]
-    created_at: datetime
-    gpu: str | None = None
-    """Where it ran: a catalog SKU or "CPU"; None for reports from before schema 0003."""
-    toolchain: dict[str, Any] | None = None
-    key: str | None = None
-    """The smoke stage key that produced it (None for `enginectl smoke` and old reports)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StageRunRecord:
-    key: str
-    status: RunStatus
-    host: str
-    pid: int
-    owner: str
-    started_at: datetime
-    finished_at: datetime | None
-    lease_expires_at: datetime
-    artifact_digest: str | None
-    log_location: str | None
-    error: str | None
-    node_id: str | None = None
-
-
 _ARTIFACT_COLUMNS = tuple(f.name for f in fields(ArtifactRecord) if f.name != "files")
-
-
-def _insert(session: Session, table: Table | type[Any]) -> Any:
-    """INSERT with ON CONFLICT support on the session's dialect."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":  # imported here: neither dialect is needed to read
-        from sqlalchemy.dialects import postgresql
-
-        return postgresql.insert(table)
-    from sqlalchemy.dialects import sqlite
-
-    return sqlite.insert(table)
-
-
-def _artifact_id(session: Session, digest: str, *, lock: bool | None = None) -> tuple[int, str]:
-    """The artifact's row id and status; *lock* False/True takes a shared/exclusive row lock
-    (PostgreSQL; SQLite write sessions are serialised already)."""
-    query = select(Artifact.id, Artifact.status).where(Artifact.digest == digest)
-    if lock is not None:
-        query = query.with_for_update(read=not lock)
-    row = session.execute(query).first()
-    if row is None:
-        raise RecordNotFoundError("artifact", digest, hint="see `enginectl ls`")
-    return row.id, row.status
 
 
 def _check_record(record: ArtifactRecord) -> dict[str, Any]:
@@ -209,7 +220,7 @@ def add_artifact_if_absent(session: Session, record: ArtifactRecord) -> bool:
     """Insert *record* unless its digest exists (in any status); True when inserted.
     Safe when several processes insert the same digest at once: one row, no error."""
     values = _check_record(record)
-    stmt = _insert(session, Artifact).values(values)
+    stmt = insert_for(session, Artifact).values(values)
     stmt = stmt.on_conflict_do_nothing(index_elements=["digest"]).returning(Artifact.id)
     artifact_id = session.execute(stmt).scalar_one_or_none()
     if artifact_id is None:
@@ -287,7 +298,7 @@ def set_status(
     at it."""
     if status not in ARTIFACT_STATUSES:
         raise ValueError(f"unknown artifact status {status!r}")
-    _artifact_id(session, digest, lock=True)
+    row_id(session, digest, lock=True)
     if status == "deleted" and (names := aliases_for(session, digest)):
         raise ConflictError(
             f"artifact {digest} is still aliased as {', '.join(names)}; "
@@ -336,11 +347,25 @@ def history_blobs(session: Session) -> set[str]:
     return found
 
 
-def aliased_in_history(session: Session) -> set[str]:
-    """Every artifact an alias points at or ever pointed at (rollback targets, and what an
-    audit of "what was prod" needs): gc keeps their manifests and blobs, deleted or not."""
-    moved = session.scalars(select(AliasEventRow.digest).where(AliasEventRow.digest.is_not(None)))
-    return {digest for digest in moved if digest} | set(session.scalars(select(Alias.digest)))
+def aliased_in_history(session: Session, keep_superseded: int | None = None) -> set[str]:
+    """What gc keeps for alias history: every artifact an alias points at now, and those
+    it pointed at before — all of them (*keep_superseded* None), or the last
+    *keep_superseded* distinct ones of each alias (rollback targets, and what an audit of
+    "what was prod" needs)."""
+    kept = set(session.scalars(select(Alias.digest)))
+    query = (select(AliasEventRow.name, AliasEventRow.digest)
+             .where(AliasEventRow.digest.is_not(None)).order_by(AliasEventRow.id.desc()))
+    current = dict(session.execute(select(Alias.name, Alias.digest)).tuples().all())
+    before: dict[str, list[str]] = {}
+    for name, digest in session.execute(query).tuples():
+        if digest is None or digest == current.get(name):
+            continue
+        seen = before.setdefault(name, [])
+        if digest not in seen and (keep_superseded is None or len(seen) < keep_superseded):
+            seen.append(digest)
+    for digests in before.values():
+        kept.update(digests)
+    return kept
 
 
 def insert_alias_event(session: Session, name: str, digest: str | None, previous: str | None,
@@ -364,13 +389,13 @@ def set_alias(session: Session, name: str, digest: str, note: str | None = None,
     the history, and return the digest it pointed at before (None when new). Pointing it
     where it already points changes nothing. A deleted artifact cannot be aliased
     (`ConflictError`)."""
-    if _artifact_id(session, digest, lock=False)[1] == "deleted":
+    if row_id(session, digest, lock=False)[1] == "deleted":
         raise ConflictError(f"artifact {digest} is deleted; it cannot be aliased", what=digest)
     at = at or utcnow()
     locked = select(Alias.digest).where(Alias.name == name).with_for_update()
     previous = session.scalar(locked)
     if previous is None:
-        stmt = _insert(session, Alias).values(name=name, digest=digest, updated_at=at)
+        stmt = insert_for(session, Alias).values(name=name, digest=digest, updated_at=at)
         if session.execute(stmt.on_conflict_do_nothing().returning(Alias.name)).first():
             insert_alias_event(session, name, digest, None, at=at, note=note, details=details)
             return None
@@ -412,176 +437,38 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
     return [AliasEvent(*row) for row in session.execute(query)]
 
 
-def add_smoke_report(
-    session: Session, digest: str, passed: bool, report: dict[str, Any], *,
-    gpu: str | None = None, toolchain: dict[str, Any] | None = None, key: str | None = None,
-    created_at: datetime | None = None,
-) -> None:
-    """Attach a smoke report to *digest* (its status is the caller's to move), measured on
-    *gpu* (a catalog SKU or "CPU"; None: unknown) with *toolchain*, by the smoke run *key*,
-    as of *created_at* (now; `reindex` gives the recorded time).
-
-    A passing report's throughput raises the artifact's `best_tokens_per_s`, and, when *gpu*
-    is known, the artifact's evidence on that GPU (`artifact_evidence`), which resolve ranks
-    by: a report from elsewhere proves nothing about the node's own SKU."""
-    artifact_id = _artifact_id(session, digest)[0]
-    now = created_at or utcnow()
-    session.execute(
-        insert(SmokeReportRow).values(
-            artifact_id=artifact_id, passed=passed, report=report, created_at=now,
-            gpu=gpu, toolchain=toolchain, key=key,
-        )
-    )
-    if not passed:
-        return
-    found = report.get("best_output_tokens_per_s")
-    best = float(found) if isinstance(found, int | float) and not isinstance(found, bool) \
-        else None
-    if best is not None:
-        # One conditional UPDATE: concurrent reports can only raise the value.
-        column = Artifact.best_tokens_per_s
-        session.execute(
-            update(Artifact)
-            .where(Artifact.id == artifact_id, or_(column.is_(None), column < best))
-            .values(best_tokens_per_s=best)
-        )
-    if gpu is not None:
-        _raise_evidence(session, artifact_id, gpu, best, now)
-
-
-def _raise_evidence(
-    session: Session, artifact_id: int, gpu: str, best: float | None, now: datetime
-) -> None:
-    """Upsert the (artifact, gpu) evidence row: one atomic statement, so concurrent reports
-    can only raise the best throughput; `passed_at` is the latest pass."""
-    table = cast(Table, EvidenceRow.__table__)
-    stmt = _insert(session, EvidenceRow).values(
-        artifact_id=artifact_id, gpu=gpu, best_tokens_per_s=best, passed_at=now)
-    current, offered = table.c.best_tokens_per_s, stmt.excluded.best_tokens_per_s
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["artifact_id", "gpu"],
-        set_={
-            "best_tokens_per_s": case(
-                (or_(current.is_(None), current < offered), offered), else_=current),
-            "passed_at": stmt.excluded.passed_at,
-        },
-    )
-    session.execute(stmt)
-
-
-def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
-    """Smoke reports of *digest*, oldest first, each with where it ran."""
-    query = (
-        select(SmokeReportRow.passed, SmokeReportRow.report, SmokeReportRow.created_at,
-               SmokeReportRow.gpu, SmokeReportRow.toolchain, SmokeReportRow.key)
-        .where(SmokeReportRow.artifact_id == _artifact_id(session, digest)[0])
-        .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
-    )
-    return [SmokeReport(digest, *row) for row in session.execute(query)]
-
-
-def try_acquire_lease(
-    session: Session, key: str, *, owner: str, host: str, pid: int, ttl_s: float,
-    now: datetime | None = None, node_id: str | None = None,
-) -> bool:
-    """Take the lease on stage *key* for *owner* until *now* + *ttl_s*; True when taken.
-
-    Taken when no run exists, the run is finished (succeeded or failed), its lease has
-    expired (a dead builder), or *owner* holds it already (the lease is renewed). One atomic
-    statement: of several processes racing, exactly one wins. *now* is this host's clock;
-    keep *ttl_s* well above the clock skew between builders. *node_id* is the Ray node that
-    runs it (None off Ray); *host* is that node's hostname.
-    """
-    now = now or utcnow()
-    values: dict[str, Any] = {
-        "key": key, "status": "running", "host": host, "pid": pid, "owner": owner,
-        "started_at": now, "finished_at": None, "lease_expires_at": now + timedelta(seconds=ttl_s),
-        "artifact_digest": None, "log_location": None, "error": None, "node_id": node_id,
-    }
-    stmt = _insert(session, StageRun).values(values)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["key"],
-        set_={name: value for name, value in values.items() if name != "key"},
-        where=or_(
-            StageRun.status != "running", StageRun.lease_expires_at <= now,
-            StageRun.owner == owner,
-        ),
-    )
-    return session.execute(stmt.returning(StageRun.key)).first() is not None
-
-
-def renew_lease(
-    session: Session, key: str, *, owner: str, ttl_s: float, now: datetime | None = None
-) -> bool:
-    """Extend *owner*'s running lease on *key*; False when it is no longer theirs."""
-    now = now or utcnow()
-    result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner, StageRun.status == "running")
-        .values(lease_expires_at=now + timedelta(seconds=ttl_s))
-        .returning(StageRun.key)
-    )
-    return result.first() is not None
-
-
-def release_lease(
-    session: Session, key: str, *, owner: str,
-    status: Literal["succeeded", "failed", "cancelled"],
-    artifact_digest: str | None = None, error: str | None = None,
-    log_location: str | None = None, now: datetime | None = None,
-) -> bool:
-    """Finish *owner*'s run of *key* with its outcome; False (nothing written) when the
-    lease was taken over by someone else meanwhile."""
-    now = now or utcnow()
-    result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner, StageRun.status == "running")
-        .values(
-            status=status, finished_at=now, lease_expires_at=now,
-            artifact_digest=artifact_digest, error=error, log_location=log_location,
-        )
-        .returning(StageRun.key)
-    )
-    return result.first() is not None
-
-
-def cancel_run(
-    session: Session, key: str, *, owner: str, reason: str, now: datetime | None = None
-) -> bool:
-    """Mark *owner*'s run of *key* `cancelled` with *reason* (a driver's timeout, Ctrl-C):
-    its lease is released, or a failure its worker recorded while being stopped is
-    corrected. False (nothing written) when the run succeeded or belongs to someone else."""
-    now = now or utcnow()
-    result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner,
-               StageRun.status.in_(("running", "failed")))
-        .values(status="cancelled", finished_at=now, lease_expires_at=now, error=reason)
-        .returning(StageRun.key)
-    )
-    return result.first() is not None
-
-
-def get_stage_run(session: Session, key: str) -> StageRunRecord | None:
-    row = session.execute(select(StageRun.__table__).where(StageRun.key == key)).first()
-    return None if row is None else StageRunRecord(**row._asdict())
-
-
-def get_stage_runs(session: Session, keys: set[str]) -> dict[str, StageRunRecord]:
-    """The stage runs of *keys* that exist, in one query."""
-    if not keys:
-        return {}
-    query = select(StageRun.__table__).where(StageRun.key.in_(sorted(keys)))
-    return {row.key: StageRunRecord(**row._asdict()) for row in session.execute(query)}
-
-
 def record_recipe(session: Session, digest: str, name: str, text: str) -> bool:
     """Store a recipe's text under its content digest; False when it was already there."""
-    stmt = _insert(session, Recipe).values(
+    stmt = insert_for(session, Recipe).values(
         digest=digest, name=name, text=text, created_at=utcnow()
     )
     inserted = session.execute(stmt.on_conflict_do_nothing().returning(Recipe.digest)).first()
     return inserted is not None
+
+
+def touch_recipe(session: Session, digest: str, path: Path) -> None:
+    """Note that the recipe stored under *digest* was just built from *path* (what a
+    nightly without arguments reads: every recipe at its latest content)."""
+    session.execute(update(Recipe).where(Recipe.digest == digest)
+                    .values(path=str(path.resolve()), last_used_at=utcnow()))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRecipe:
+    digest: str
+    name: str
+    text: str
+    path: str
+
+
+def recorded_recipes(session: Session) -> list[RecordedRecipe]:
+    """Each recipe name's latest built content (with where it was read), by name."""
+    query = (select(Recipe.digest, Recipe.name, Recipe.text, Recipe.path)
+             .where(Recipe.path.is_not(None), Recipe.last_used_at.is_not(None))
+             .order_by(Recipe.last_used_at, Recipe.digest))
+    latest = {row.name: RecordedRecipe(row.digest, row.name, row.text, row.path or "")
+              for row in session.execute(query)}
+    return [latest[name] for name in sorted(latest)]
 
 
 def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:

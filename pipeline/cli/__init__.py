@@ -18,6 +18,7 @@ from pipeline.cli import (  # noqa: F401 - they register their commands
     fleet,
     info,
     maintenance,
+    nightly,
 )
 from pipeline.cli.base import fail, is_closed_stdout, main, stdout_closed
 

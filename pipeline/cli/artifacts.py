@@ -1,4 +1,4 @@
-"""Commands on artifacts: import, ls, show, fetch, logs, tag, untag, resolve."""
+"""Commands on artifacts: import, ls, show, fetch, logs, tag, untag, rollback, resolve."""
 
 from __future__ import annotations
 
@@ -272,6 +272,31 @@ def untag(alias: str) -> None:
     from registry.aliases import untag as untag_alias
 
     click.echo(f"removed {alias} (was {untag_alias(context(), alias)})")
+
+
+@main.command()
+@click.argument("alias")
+@click.option("--note", help="Why (kept in the alias history).")
+@click.option("--json", "as_json", is_flag=True, help="Print {alias, digest, previous}.")
+@handle_errors
+def rollback(alias: str, note: str | None, as_json: bool) -> None:
+    """Move ALIAS back to the artifact it pointed at before its last move (recorded).
+
+    The artifact it leaves becomes superseded (it no longer resolves) unless another alias
+    points at it; the one it returns to is ready again.
+
+    \b
+    Examples:
+      enginectl rollback llama70b/h100-sxm5-80gb/prod
+      enginectl rollback llama70b/h100-sxm5-80gb/prod --note "TTFT regression in prod"
+    """
+    from registry.aliases import rollback as roll_back
+
+    digest, previous = roll_back(context(), alias, note)
+    if as_json:
+        echo_json({"alias": alias, "digest": digest, "previous": previous})
+    else:
+        click.echo(f"{alias} -> {digest} (was {previous})")
 
 
 @main.command()

@@ -33,13 +33,20 @@ EXECUTOR = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--commands", is_flag=True, help="Print the argv of every program it would run.")
 @EXECUTOR
+@click.option("--toolchain", "bumps", multiple=True, metavar="FIELD=VALUE",
+              help="What if: key with this fingerprint field changed (driver, cuda, tensorrt, "
+                   "trtllm, image, modelopt, torch, transformers, vllm) and say which keys "
+                   "it changes (repeatable).")
 @handle_errors
-def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
+def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
+         bumps: tuple[str, ...]) -> None:
     """Show what RECIPE would build, what it shares, and what fits; touches no GPU.
 
     Keys use the toolchain this machine's last build recorded (the builder image's versions
     when none is recorded), so "built" and "new" say what a build here would do; with
     --executor ray, each target's Ray pool's last recorded probe (no cluster is contacted).
+    With --toolchain, the plan is keyed as after that bump, and the keys it changes are
+    listed with the field that changed each.
 
     \b
     Examples:
@@ -47,21 +54,33 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
       enginectl plan recipes/llama70b-h100.yaml --commands | head -n 3
       enginectl plan recipes/llama8b-fleet.yaml --json | jq '.targets[].id'
       enginectl plan recipes/llama8b-fleet.yaml --executor ray
+      enginectl plan recipes/llama70b-h100.yaml --toolchain driver=575.57.08
     """
-    from pipeline.preview import preview
+    from pipeline.preview import parse_overrides, preview
     from pipeline.recipe import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
 
-    shown = preview(load_recipe(recipe), Settings.from_env(),
-                    registry_url=RegistryConfig.from_env().registry_url,
-                    pools="ray" if executor == "ray" else "local")
+    overrides = parse_overrides(bumps)
+    loaded = load_recipe(recipe)
+    url = RegistryConfig.from_env().registry_url
+    pools = "ray" if executor == "ray" else "local"
+    shown = preview(loaded, Settings.from_env(), registry_url=url, pools=pools,
+                    overrides=overrides)
     the_plan = shown.plan
     for line in shown.notes:
         note(line)
+    changes = None
+    if overrides:
+        from pipeline.nightly.diff import key_changes
+
+        base = preview(loaded, Settings.from_env(), registry_url=url, pools=pools)
+        changes = key_changes(base.plan, the_plan)
     if as_json:
         data = the_plan.as_dict(built=lambda key: key in shown.built)
         data["recipe"]["toolchain_source"] = shown.toolchain_source
+        if changes is not None:
+            data["changed_keys"] = [change.as_dict() for change in changes]
         echo_json(data)
     elif commands:
         import shlex
@@ -73,6 +92,15 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str) -> None:
 
         click.echo("\n".join(plan_lines(the_plan, built=frozenset(shown.built),
                                            toolchain_source=shown.toolchain_source)))
+    if changes is not None and not as_json and not commands:
+        from pipeline.keys import short_key
+
+        bump = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        click.echo(f"\n{bump} changes {len(changes)} keys:")
+        for change in changes:
+            click.echo(f"  {change.stage:<8} {short_key(change.old_key)} → "
+                       f"{short_key(change.new_key)}  {change.target}: "
+                       f"{'; '.join(change.because)}")
 
 
 @main.command()
@@ -134,7 +162,8 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
             click.echo("\n".join(dry_run_lines(result)))
         return
     if as_json:
-        echo_json(result.summary.as_dict())
+        echo_json({**result.summary.as_dict(),
+                   "promotions": [p.as_dict() for p in result.promotions]})
     else:
         click.echo("\n".join(summary_lines(result)))
     if verbosity() >= VERBOSE:

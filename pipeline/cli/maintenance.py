@@ -51,16 +51,20 @@ def fsck(no_verify: bool, repair: bool, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--grace", default="7d", show_default=True,
               help="Keep blobs younger than this (e.g. 12h, 7d, 0s; at most 36500d).")
+@click.option("--keep-superseded", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Per alias, keep this many artifacts it pointed at before (rollback "
+                   "targets); superseded artifacts beyond them are deleted.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: what was (or would be) removed, and what was kept why.")
 @handle_errors
-def gc(dry_run: bool, grace: str, as_json: bool) -> None:
+def gc(dry_run: bool, grace: str, keep_superseded: int, as_json: bool) -> None:
     """Remove unreferenced blobs and the manifests of deleted artifacts.
 
-    Kept always: blobs of artifacts not deleted, of artifacts any alias ever pointed at,
-    of publishes in progress and of manifests the registry lacks, and stage and smoke
-    logs. Past the grace period it also removes what killed writers left and objects
-    set aside under damaged/.
+    Kept always: blobs of artifacts not deleted (superseded ones only within
+    --keep-superseded of an alias's history), of what each alias points at and pointed at
+    within --keep-superseded, of publishes in progress and of manifests the registry
+    lacks, and stage and smoke logs. Past the grace period it also removes what killed
+    writers left and objects set aside under damaged/.
 
     \b
     Examples:
@@ -70,7 +74,8 @@ def gc(dry_run: bool, grace: str, as_json: bool) -> None:
     from registry.gc import gc as collect
     from registry.gc import parse_grace
 
-    result = collect(context(), grace=parse_grace(grace), dry_run=dry_run)
+    result = collect(context(), grace=parse_grace(grace), dry_run=dry_run,
+                     keep_superseded=keep_superseded)
     verb = "would remove" if dry_run else "removed"
     if as_json:
         echo_json({"dry_run": dry_run, "blobs": [str(b) for b in result.blobs],
@@ -79,8 +84,12 @@ def gc(dry_run: bool, grace: str, as_json: bool) -> None:
                     "partial_writes": result.partial, "damaged": result.damaged,
                     "expired_publishes": result.expired_publishes,
                     "kept_in_flight": result.kept_in_flight,
-                    "kept_for_history": result.kept_for_history})
+                    "kept_for_history": result.kept_for_history,
+                    "retired": result.retired})
         return
+    if result.retired:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {len(result.retired)} "
+                   f"superseded artifacts past --keep-superseded {keep_superseded}")
     click.echo(f"{verb} {len(result.blobs)} blobs ({result.bytes_freed} bytes), "
                f"{len(result.manifests)} manifests, {result.partial} partial writes and "
                f"{len(result.damaged)} objects set aside as damaged")

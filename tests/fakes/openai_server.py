@@ -16,6 +16,8 @@ Knobs (environment):
     FAKE_OPENAI_NO_TOKENIZE=1       no /tokenize route (404), as trtllm-serve
     FAKE_OPENAI_STRICT=1            fields beyond the OpenAI API (ignore_eos, stream_options)
                                     are refused with 400, and streams carry no usage
+    FAKE_OPENAI_TOKEN_DELAY_S=S     answer slower: each generated token takes S seconds more
+                                    (a slower build of the same model), before the answer
 A MODEL_DIR that is not a directory makes it exit 1 at start, as a real server would.
 """
 
@@ -52,6 +54,7 @@ class Fake:
         self.truncate = int(truncate) if truncate else None
         self.tokenize = os.environ.get("FAKE_OPENAI_NO_TOKENIZE") != "1"
         self.strict = os.environ.get("FAKE_OPENAI_STRICT") == "1"
+        self.token_delay_s = float(os.environ.get("FAKE_OPENAI_TOKEN_DELAY_S") or 0)
 
     @staticmethod
     def tokens(text: str) -> list[int]:
@@ -183,6 +186,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, refused)
             return
         words = fake.generate(prompt, max_tokens)
+        if fake.token_delay_s > 0:  # the knob: a server that generates slower
+            time.sleep(fake.token_delay_s * len(words))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                  "total_tokens": prompt_tokens + len(words)}
         kind = "chat.completion" if chat else "text_completion"

@@ -1,0 +1,323 @@
+"""`enginectl nightly` as a scheduler runs it: real processes, a real registry (SQLite and
+PostgreSQL) and store, an "H100" made by the nvidia-smi stand-in, TensorRT-LLM's programs
+through their stand-ins (tests/fakes/bin), whose server can be told to answer slower.
+
+The tiny-model end to end run with real quantization and vLLM's CPU build is
+tests/e2e/test_nightly_e2e.py; these use a toy checkpoint and stand-ins only, so each runs in
+seconds: a driver bump rebuilds the engine and re-proves the checkpoint entry, a slower engine
+is held by the regression gate, two nightlies at once build each key once, rollback and gc
+--keep-superseded, the report as JSON, HTML (in headless Chromium) and a webhook POST.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+
+from registry.db import open_registry
+from registry.records import alias_history, get_alias, list_artifacts, smoke_reports
+from tests.helpers import FAKES, fake_gpu
+from tests.integration.test_build import make_model
+from tests.integration.test_compare import browse, chromium
+
+__all__ = ["chromium"]  # the fixture, shared with the compare page's test
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+OLD, NEW, NEWER = "570.124.06", "575.57.08", "580.65.06"
+ENGINE_TARGET = "H100-SXM5-80GB/tp1/pp1/bf16/kv-auto/small/trtllm"
+ENGINE_ALIAS = "toy/h100-sxm5-80gb/trtllm"
+CHECKPOINT_ALIAS = "toy/h100-sxm5-80gb/trtllm-pytorch"
+
+
+def write_recipe(directory: Path, max_regression: float) -> Path:
+    make_model(directory / "model")
+    recipe = {
+        "model": {"name": "toy", "source": "./model"},
+        "matrix": {"gpu": ["h100"], "quant": ["bf16"], "shape": [
+            {"name": "small", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512}]},
+        "serve": {"trtllm": {}, "trtllm-pytorch": {}},
+        "smoke": {"prompts": ["The capital of France is"], "max_tokens": 4,
+                  "concurrency": [1, 2], "requests": 4, "ready_timeout_s": 60,
+                  "request_timeout_s": 60},
+        "promote": [{"alias": "toy/{gpu}/{runtime}", "max_regression": max_regression}],
+    }
+    path = directory / "toy.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+class Box:
+    """One builder box: its home, its GPU (the stand-in's config) and the CLI."""
+
+    def __init__(self, tmp_path: Path, registry_url: str, *, max_regression: float) -> None:
+        self.recipe = write_recipe(tmp_path / "recipes", max_regression)
+        self.gpu = fake_gpu(tmp_path / "gpu", driver=OLD)
+        self.registry_url = registry_url
+        self.env = {
+            **os.environ, **self.gpu,
+            "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "ENGINECTL_HOME": str(tmp_path / "home"),
+            "ENGINECTL_REGISTRY_URL": registry_url,
+            "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
+            "ENGINECTL_PYTHON": sys.executable,
+            "HF_HUB_OFFLINE": "1",
+        }
+        self.cwd = tmp_path
+
+    def bump(self, driver: str) -> None:
+        fake_gpu(Path(self.gpu["FAKE_NVIDIA_SMI_CONFIG"]).parent, driver=driver)
+
+    def run(self, *args: str, code: int = 0,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([ENGINECTL, *args], env={**self.env, **(env or {})}, text=True,
+                              capture_output=True, timeout=600, check=False, cwd=self.cwd)
+        assert done.returncode == code, (done.stdout, done.stderr)
+        return done
+
+    def nightly(self, *args: str, code: int = 0, **env: str) -> dict[str, Any]:
+        report: dict[str, Any] = json.loads(
+            self.run("nightly", "--json", *args, code=code, env=env).stdout)
+        return report
+
+
+@pytest.fixture
+def box(tmp_path: Path, registry_url: str) -> Box:
+    built = Box(tmp_path, registry_url, max_regression=0.9)  # noise never holds it here
+    built.run("build", str(built.recipe))
+    return built
+
+
+def target(report: dict[str, Any], target_id: str) -> dict[str, Any]:
+    found = [t for r in report["recipes"] for t in r["targets"] if t["id"] == target_id]
+    assert len(found) == 1, report
+    return found[0]
+
+
+def test_a_driver_bump_rebuilds_the_engine_and_re_proves_the_checkpoint(box: Box) -> None:
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        old_engine = get_alias(session, ENGINE_ALIAS)
+        checkpoint = get_alias(session, CHECKPOINT_ALIAS)
+    assert old_engine
+    assert checkpoint
+
+    quiet = box.nightly()  # no arguments: every recipe the build recorded
+    assert quiet["nothing_changed"]
+    assert quiet["exit_code"] == 0
+    assert quiet["recipes"][0]["path"] == str(box.recipe.resolve())
+
+    box.bump(NEW)
+    dry = box.nightly("--dry-run")
+    assert dry["pools"][0]["changes"] == [{"field": "driver", "old": OLD, "new": NEW}]
+    assert {s["outcome"] for r in dry["recipes"] for t in r["targets"] for s in t["stages"]} \
+        == {"would run"}
+
+    report = box.nightly()
+    assert report["exit_code"] == 0
+    assert report["pools"][0]["changes"] == [{"field": "driver", "old": OLD, "new": NEW}]
+    engine = target(report, ENGINE_TARGET)
+    assert [s["stage"] for s in engine["stages"]] == ["build", "smoke"]  # not convert
+    assert all(s["because"] == [f"driver {OLD} → {NEW}"] for s in engine["stages"])
+    assert engine["verdict"] == "rebuilt"
+    [moved] = engine["promotions"]
+    assert (moved["action"], moved["old"]) == ("promoted", old_engine)
+    assert {level["concurrency"] for level in moved["levels"]} == {1, 2}
+    assert all(level["old_tokens_per_s"] and level["new_tokens_per_s"]
+               for level in moved["levels"])
+    pytorch = target(report, ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch"))
+    assert [s["stage"] for s in pytorch["stages"]] == ["smoke"]
+    assert pytorch["verdict"] == "re-proved"
+    assert pytorch["promotions"][0]["action"] == "re-proved"
+    # exactly the driver-dependent keys: the snapshot and convert were not among them
+    stages = {s["stage"] for r in report["recipes"] for t in r["targets"] for s in t["stages"]}
+    assert stages == {"build", "smoke"}
+    assert OLD in report["text"]
+    assert NEW in report["text"]
+
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        new_engine = get_alias(session, ENGINE_ALIAS)
+        assert new_engine == moved["new"] != old_engine
+        assert get_alias(session, CHECKPOINT_ALIAS) == checkpoint  # same digest
+        statuses = {a.digest: a.status for a in list_artifacts(session, kind="trtllm-engine")}
+        assert statuses == {old_engine: "superseded", new_engine: "ready"}
+        event = alias_history(session, ENGINE_ALIAS)[-1]
+        assert event.previous_digest == old_engine
+        assert event.details is not None
+        assert [lv["concurrency"] for lv in event.details["levels"]] == [1, 2]
+        proofs = [r for r in smoke_reports(session, checkpoint) if r.passed]
+        assert [r.toolchain["driver"] for r in proofs if r.toolchain] == [OLD, NEW]
+
+    again = box.run("nightly")
+    assert again.stdout.startswith("nothing changed since ")
+
+    # rollback: the alias goes back, the engine it leaves no longer resolves
+    rolled = json.loads(box.run("rollback", ENGINE_ALIAS, "--json").stdout)
+    assert (rolled["digest"], rolled["previous"]) == (old_engine, new_engine)
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        statuses = {a.digest: a.status for a in list_artifacts(session, kind="trtllm-engine")}
+        assert statuses == {old_engine: "ready", new_engine: "superseded"}
+    failed = box.run("rollback", "toy/nothing/here", code=2)
+    assert "points nowhere" in failed.stderr
+
+    # promotion, supersession and rollback are in the store: reindex restores them
+    fresh = f"sqlite:///{box.cwd / 'reindexed.db'}"
+    box.run("reindex", env={"ENGINECTL_REGISTRY_URL": fresh})
+    with open_registry(fresh) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == old_engine
+        statuses = {a.digest: a.status for a in list_artifacts(session, kind="trtllm-engine")}
+        assert statuses == {old_engine: "ready", new_engine: "superseded"}
+        moves = alias_history(session, ENGINE_ALIAS)
+        assert [m.digest for m in moves] == [old_engine, new_engine, old_engine]
+        assert moves[1].details is not None
+        assert moves[1].details["rule"] == "nightly"
+
+
+def test_gc_keeps_superseded_within_the_window(box: Box) -> None:
+    digests = []
+    for driver in (NEW, NEWER):
+        box.bump(driver)
+        box.nightly()
+        with open_registry(box.registry_url) as registry, registry.session() as session:
+            digests.append(get_alias(session, ENGINE_ALIAS))
+    kept = json.loads(box.run("gc", "--dry-run", "--json").stdout)
+    assert kept["retired"] == []  # two earlier engines, within the default 3
+    one = json.loads(box.run("gc", "--keep-superseded", "1", "--json", "--grace", "0s").stdout)
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        engines = list_artifacts(session, kind="trtllm-engine")
+    first = next(e for e in engines if e.digest not in digests)
+    assert one["retired"] == [first.digest]
+    assert {e.digest: e.status for e in engines} == {
+        first.digest: "deleted", digests[0]: "superseded", digests[1]: "ready"}
+    assert one["manifests"] == [first.digest]
+
+
+def test_a_slower_engine_is_held_by_the_regression_gate(tmp_path: Path,
+                                                        registry_url: str) -> None:
+    box = Box(tmp_path, registry_url, max_regression=0.5)
+    box.run("build", str(box.recipe))
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        old_engine = get_alias(session, ENGINE_ALIAS)
+    box.bump(NEW)
+    # the stand-in server answers 20x slower than it did: far beyond 50%, whatever the noise
+    slower = {"FAKE_OPENAI_TOKEN_DELAY_S": "0.05"}
+    report = box.nightly(str(box.recipe), code=5, **slower)
+    [held] = target(report, ENGINE_TARGET)["promotions"]
+    assert held["action"] == "held"
+    assert all(lv["regressed"] for lv in held["levels"])
+    assert all(lv["new_tokens_per_s"] < lv["old_tokens_per_s"] / 2 for lv in held["levels"])
+    assert [f["stage"] for f in report["failures"]] == ["promote"]
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == old_engine
+        assert {a.status for a in list_artifacts(session, kind="trtllm-engine")} == {"ready"}
+    text = box.run("nightly", str(box.recipe)).stdout  # held is not news the next night
+    assert text.startswith("nothing changed since")
+
+
+def test_two_nightlies_at_once_build_each_key_once(box: Box) -> None:
+    box.bump(NEW)
+    runs = [subprocess.Popen([ENGINECTL, "nightly", "--json"], env=box.env, cwd=box.cwd,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    reports = [json.loads(out) for out, _ in outputs]
+    worked = [r for r in reports if not r["nothing_changed"]]
+    assert len(worked) == 1, reports
+    waited = next(r for r in reports if r["nothing_changed"])
+    assert waited["since"] is not None
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        engines = list_artifacts(session, kind="trtllm-engine")
+        assert len(engines) == 2  # the old one and one rebuild, never two
+        checkpoint = get_alias(session, CHECKPOINT_ALIAS)
+        assert checkpoint is not None
+        assert len([r for r in smoke_reports(session, checkpoint) if r.passed]) == 2
+
+
+class Hook(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        type(self).received.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def webhook() -> Iterator[str]:
+    Hook.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+def test_notify_posts_the_report_and_a_dead_hook_never_fails_the_run(
+        box: Box, webhook: str, tmp_path: Path) -> None:
+    box.bump(NEW)
+    done = box.run("nightly", "--notify", webhook)
+    [posted] = Hook.received
+    assert posted["exit_code"] == 0
+    assert posted["pools"][0]["changes"][0]["new"] == NEW
+    assert posted["text"].startswith("enginectl nightly: ")
+    assert NEW in posted["text"]
+    assert NEW in done.stdout
+    dead = box.run("nightly", "--notify", "http://127.0.0.1:9/none", "--html",
+                   str(tmp_path / "n.html"))
+    assert "the POST failed" in dead.stderr
+    assert (tmp_path / "n.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_html_report_renders_in_chromium(box: Box, chromium: str, tmp_path: Path) -> None:
+    box.bump(NEW)
+    page = tmp_path / "nightly.html"
+    box.run("nightly", "--html", str(page))
+    dom = browse(chromium, tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
+    assert re.findall(r'<tr class="target" data-verdict="([^"]+)"', dom) == [
+        "rebuilt", "re-proved"]
+    assert f"driver {OLD} → {NEW}" in dom
+    assert "promoted toy/h100-sxm5-80gb/trtllm" in dom
+    shot = tmp_path / "nightly.png"
+    browse(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1200,900",
+           "--hide-scrollbars", page.as_uri())
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_failing_target_never_blocks_the_others_and_exits_3_with_its_log(box: Box) -> None:
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        old_engine = get_alias(session, ENGINE_ALIAS)
+    box.bump(NEW)
+    failing = {"FAKE_TRTLLM_FAIL": "out of memory while building layer 7"}
+    report = box.nightly(code=3, **failing)
+    [failure] = report["failures"]
+    assert (failure["target"], failure["stage"], failure["outcome"]) == (
+        ENGINE_TARGET, "build", "failed")
+    assert "out of memory while building layer 7" in failure["error"]
+    assert Path(failure["log"]).is_file()
+    pytorch = target(report, ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch"))
+    assert pytorch["verdict"] == "re-proved"  # not blocked by the engine
+    assert target(report, ENGINE_TARGET)["promotions"][0]["action"] == "not-ready"
+    text = box.run("nightly", code=3, env=failing).stdout
+    assert "out of memory while building layer 7" in text
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == old_engine
+    healed = box.nightly()  # the failure is not "nothing changed": the next run retries
+    engine = target(healed, ENGINE_TARGET)
+    assert engine["verdict"] == "rebuilt"
+    assert engine["stages"][0]["because"][0].startswith("its last run failed")

@@ -1,0 +1,58 @@
+"""`enginectl nightly --executor ray` on the session's real local Ray cluster: the pools are
+the cluster's, probed on their nodes; a driver bump on the L40S node rebuilds and re-proves the
+L40S engine alone, and moves its alias."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry.db import open_registry
+from registry.records import get_alias, list_artifacts
+from tests.ray.conftest import DRIVER, FakeCluster, enginectl, fleet_recipe
+
+NEW = "575.57.08"
+
+
+def nightly(env: dict[str, str], *args: str) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(
+        enginectl(env, "nightly", "--executor", "ray", "--json", *args).stdout)
+    return report
+
+
+@pytest.mark.parametrize("fleet_env", [("file", "postgresql")], indirect=True,
+                         ids=["file-postgresql"])
+def test_a_driver_bump_on_one_pool_requalifies_that_pool_alone(
+        fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster) -> None:
+    recipe = fleet_recipe(tmp_path, include=[], promote=[
+        {"alias": "tiny-fleet/{gpu}/{tp}", "max_regression": 0.9}])
+    enginectl(fleet_env, "build", str(recipe), "--executor", "ray")
+    assert nightly(fleet_env)["nothing_changed"]
+    with open_registry(fleet_env["ENGINECTL_REGISTRY_URL"]) as registry, \
+            registry.session(readonly=True) as session:
+        old = get_alias(session, "tiny-fleet/l40s/tp1")
+        h100 = get_alias(session, "tiny-fleet/h100-sxm5-80gb/tp1")
+    ray_cluster.nodes["l40s"].set_driver(NEW)
+    try:
+        report = nightly(fleet_env)
+    finally:
+        ray_cluster.nodes["l40s"].set_driver(DRIVER)
+    assert report["exit_code"] == 0, report["failures"]
+    changes = {p["pool"]: p["changes"] for p in report["pools"]}
+    assert changes["L40S"] == [{"field": "driver", "old": DRIVER, "new": NEW}]
+    assert changes["H100-SXM5-80GB"] == []
+    [target] = [t for r in report["recipes"] for t in r["targets"]]
+    assert target["id"].startswith("L40S/")
+    assert [s["stage"] for s in target["stages"]] == ["build", "smoke"]
+    assert target["stages"][0]["because"] == [f"driver {DRIVER} → {NEW}"]
+    assert target["promotions"][0]["action"] == "promoted"
+    with open_registry(fleet_env["ENGINECTL_REGISTRY_URL"]) as registry, \
+            registry.session(readonly=True) as session:
+        assert get_alias(session, "tiny-fleet/h100-sxm5-80gb/tp1") == h100
+        new = get_alias(session, "tiny-fleet/l40s/tp1")
+        assert new not in (None, old)
+        statuses = {e.digest: e.status for e in list_artifacts(session, gpu="L40S")}
+        assert statuses == {old: "superseded", new: "ready"}
