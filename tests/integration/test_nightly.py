@@ -321,3 +321,25 @@ def test_a_failing_target_never_blocks_the_others_and_exits_3_with_its_log(box: 
     engine = target(healed, ENGINE_TARGET)
     assert engine["verdict"] == "rebuilt"
     assert engine["stages"][0]["because"][0].startswith("its last run failed")
+
+
+def test_a_build_with_nothing_to_run_still_fills_a_channel_and_records_its_recipe(
+        box: Box) -> None:
+    # a channel emptied by hand: the next build has nothing to run but an alias to move
+    box.run("untag", ENGINE_ALIAS)
+    again = json.loads(box.run("build", str(box.recipe), "--json").stdout)
+    assert again["built"] == 0
+    assert [(p["alias"], p["action"]) for p in again["promotions"]] == [(ENGINE_ALIAS, "promoted")]
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS)
+
+    # edited and built, then put back and built again (every key already done): the nightly
+    # takes the content built last, not the edit
+    original = box.recipe.read_text()
+    first = box.nightly("--dry-run")["recipes"][0]["digest"]
+    box.recipe.write_text(original.replace("max_tokens: 4", "max_tokens: 3"))
+    box.run("build", str(box.recipe))
+    assert box.nightly("--dry-run")["recipes"][0]["digest"] != first
+    box.recipe.write_text(original)
+    box.run("build", str(box.recipe))
+    assert box.nightly("--dry-run")["recipes"][0]["digest"] == first
