@@ -94,7 +94,7 @@ def crt(job: dict[str, Any], out: Path, *, to_file: bool) -> None:
                          signing_config=s3.create_default_s3_signing_config(
                              region="us-east-1", credential_provider=credentials),
                          tls_mode=s3.S3RequestTlsMode.DISABLED, part_size=16 * MiB,
-                         memory_limit=1 << 30)  # its smallest: 1 GiB of buffers
+                         memory_limit=256 * MiB)  # its part buffers: enginectl's RSS budget
     host = job["endpoint"].split("://", 1)[1]
     requests = []
     for key in job["keys"]:
