@@ -66,7 +66,10 @@ def main() -> None:
         def ours(i: int) -> Sample:
             home = tmp / f"home-{i}"
             env = dict(server.env)
-            env.update(ENGINECTL_HOME=str(home), ENGINECTL_STORE_URL=f"s3://{bucket}/ours-{i}",
+            # a new bucket each round: s3rver 3.7.1 fails a one-key LIST (the bucket check
+            # after a 404) once a bucket holds more keys (see kill_publish.py below)
+            env.update(ENGINECTL_HOME=str(home),
+                       ENGINECTL_STORE_URL=f"s3://{server.create_bucket()}/ours-{i}",
                        ENGINECTL_S3_ENDPOINT_URL=server.endpoint_url,
                        ENGINECTL_REGISTRY_URL=f"sqlite:///{home / 'registry.db'}",
                        ENGINECTL_CACHE_DIR=str(tmp / f"cache-{i}"))
