@@ -16,10 +16,13 @@ Publishing the same content twice is a no-op; identical files are stored once.
                     back any that gc removed; register; drop the pending row
 
 so tests can run gc between any two of them (`registry.pending` says why nothing it relies on
-can be lost). A blob that exists is trusted only at its size; a stored manifest is always
-compared. Publishing content whose artifact is `deleted` brings it back with the status
-asked for. Ctrl-C while uploading raises StoppedError: the blobs already uploaded stay, and
-a re-run uploads only the rest.
+can be lost). `run` does them in that order except that it hashes xxh3-128 first, all that
+`begin` and `upload` need, and lets the sha256, which only the manifest needs, run on
+background threads beside the upload (`hash_keys`); `prepare` then waits for it.
+A blob that exists is trusted only at its size; a stored manifest is always compared.
+Publishing content whose artifact is `deleted` brings it back with the status asked for.
+Ctrl-C while uploading raises StoppedError: the blobs already uploaded stay, and a re-run
+uploads only the rest.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ multipart, small objects, manifests) stay on boto3 (`registry.s3bucket`).
 What the store promises, and who keeps it:
 
 - any S3 endpoint: the endpoint and the region boto3 resolved (path-style requests on a
-  custom endpoint); on AWS itself the bucket's region, asked once with HEAD bucket.
+  custom endpoint, whether given as ENGINECTL_S3_ENDPOINT_URL or to boto3 through its own
+  settings); on AWS itself the bucket's region, asked once with HEAD bucket.
 - the AWS credential chain: credentials come from the same boto3 session (environment,
   ~/.aws files and profiles, SSO, web identity, container and instance metadata), asked
   for again every few minutes, so refreshed credentials are picked up.
@@ -29,10 +30,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
 
 import obstore
 from obstore.exceptions import BaseError as ObstoreError
-from obstore.exceptions import NotFoundError as ObstoreNotFound
 
 from registry.errors import NotFoundError, StoreError
 from registry.store import check_stop
@@ -56,6 +57,16 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
+def custom_endpoint(url: str | None) -> str | None:
+    """The endpoint boto3 resolved when it is not AWS's own (set through AWS_ENDPOINT_URL,
+    AWS_ENDPOINT_URL_S3 or the AWS config file): the GETs must go where the control calls go.
+    None for AWS, whose endpoint obstore derives from the bucket's region."""
+    host = urlsplit(url or "").hostname or ""
+    if not host or host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+        return None
+    return url
+
+
 class RangeReader:
     """Ranged reads of the objects of one bucket; safe to share between threads."""
 
@@ -76,7 +87,7 @@ class RangeReader:
                 f"no AWS credentials for {self.bucket.where('')}: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run on a node with an instance role",
                 url=self.bucket.store_url, operation="get_object") from exc
-        endpoint = self.bucket.endpoint_url
+        endpoint = self.bucket.endpoint_url or custom_endpoint(client.meta.endpoint_url)
         config: S3Config = {
             "region": (client.meta.region_name if endpoint else self.bucket.region())
             or "us-east-1",
@@ -126,9 +137,9 @@ class RangeReader:
                 result = obstore.get(self._store, key, options={"range": (start + done, end)})
                 total = int(result.meta["size"])
                 got = tuple(result.range)
-            except ObstoreNotFound as exc:
+            except FileNotFoundError as exc:  # obstore's 404 (its NotFoundError is deprecated)
                 raise NotFoundError(what, url=self.bucket.store_url, key=key) from exc
-            except ObstoreError as exc:
+            except (ObstoreError, ValueError) as exc:
                 raise StoreError(f"get_object {self.bucket.where(key)} failed: {first_line(exc)}",
                                  url=self.bucket.store_url, key=key,
                                  operation="get_object") from exc
