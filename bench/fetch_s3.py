@@ -13,13 +13,17 @@ registry in a temp dir). Then, in interleaved rounds (median of ROUNDS), wall cl
   (c') the same, 8 threads (one object each)
   (d)  `s5cmd cp 's3://bucket/prefix/blobs/*' DIR/`
   (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (a hard link each)
+  (f)  the server's own ceiling: 8 `curl -o /dev/null` of presigned URLs at once, one per
+       object (no client work beyond the socket reads, nothing written)
 
 with, for each, the client's CPU seconds (user + system), the server's CPU seconds, and the
 peak RSS of the processes started (enginectl, aws, s5cmd). CPU seconds are the steadier
 number on a shared 2-core machine: the client and the server compete for the same cores.
 Outputs are removed after every run.
 
-Target: (a) not slower than (b) or (c); (e) < 1 s.
+Targets (issue 14): (a) at least as fast as (d) s5cmd, with no more client CPU per GiB, and
+at least 0.8 × the speed of (f); peak RSS of (a) under 256 MiB; (a) not slower than (b) or
+(c); (e) < 1 s.
 Run: `.venv/bin/python bench/fetch_s3.py [--rounds N] [--moto] [--files N --file-mib M]` from
 the repository root (`--files 2 --file-mib 640` checks blobs bigger than 512 MiB, which
 need more than 2 × download_threads ranged reads)
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -134,6 +140,27 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(one, keys))
 
+        urls = [client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                              ExpiresIn=24 * 3600) for key in keys]
+
+        def ceiling(dest: Path) -> Sample:  # the server alone: parallel GETs to /dev/null
+            def run() -> None:
+                procs = [subprocess.Popen(["curl", "-sf", "-o", "/dev/null", url]) for url in urls]
+                codes = [proc.wait() for proc in procs]
+                assert codes == [0] * len(codes), codes
+                dest.mkdir()
+                for key in keys:  # the bytes check below counts the objects' sizes
+                    with (dest / key.rsplit("/", 1)[1]).open("wb") as handle:
+                        handle.truncate(size // len(keys))
+
+            import resource
+
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            sample = measure_in_process(run)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return Sample(sample.seconds, after.ru_utime - before.ru_utime
+                          + after.ru_stime - before.ru_stime)
+
         def in_process(dest: Path) -> Sample:
             context = Context(RegistryConfig.from_env())
             try:
@@ -159,6 +186,8 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             cases.append(("(d) s5cmd cp", "d", lambda dest: run_measured(
                 [str(s5cmd), "--endpoint-url", server.endpoint_url, "cp", f"{blobs}*",
                  f"{dest}/"], env)))
+        if shutil.which("curl") is not None and args.files and size % args.files == 0:
+            cases.append(("(f) server ceiling: 8 curl GETs at once", "f", ceiling))
         missing = [name for name, path in (("aws", aws), ("s5cmd", s5cmd)) if path is None]
         if missing:
             print(f"not measured (could not install): {', '.join(missing)}")
@@ -203,6 +232,24 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
                   f"{median([x.cpu for x in values]):5.1f} {median(server_cpu[name]):6.1f} "
                   f"{shown:>9}  {', '.join(f'{x.seconds:.1f}' for x in values)}")
         print()
+        ours = samples["(a) enginectl fetch, cold cache"]
+        cpu_gib = median([x.cpu for x in ours]) / (size / GiB)
+        rss = max((x.rss_mib for x in ours if x.rss_mib is not None), default=None)
+        if rss is not None:
+            print(f"(a) peak RSS {rss:.0f} MiB: {'meets' if rss < 256 else 'MISSES'} the < 256 MiB "
+                  "target")
+        s5 = "(d) s5cmd cp"
+        if s5 in samples:
+            ratio = median([x.seconds for x in samples[s5]]) / base
+            peer_gib = median([x.cpu for x in samples[s5]]) / (size / GiB)
+            print(f"(a) vs {s5}: {ratio:.2f}x s5cmd's speed, {'meets' if ratio >= 1 else 'MISSES'} "
+                  f"the >= 1.0x target; CPU {cpu_gib:.2f} vs {peer_gib:.2f} CPU-s/GiB: "
+                  f"{'meets' if cpu_gib <= peer_gib else 'MISSES'} the <= s5cmd target")
+        top = "(f) server ceiling: 8 curl GETs at once"
+        if top in samples:
+            share = median([x.seconds for x in samples[top]]) / base
+            print(f"(a) vs {top}: {share:.2f}x the server's ceiling, "
+                  f"{'meets' if share >= 0.8 else 'MISSES'} the >= 0.8x target")
         for name in ("(b) aws s3 cp --recursive", "(c) boto3 download_file, sequential"):
             if name in samples:
                 ok = base <= median([x.seconds for x in samples[name]])

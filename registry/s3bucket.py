@@ -59,9 +59,23 @@ class Bucket:
             tcp_keepalive=True,
             **options,
         )
-        session = boto3.session.Session()  # one per bucket: sessions are not thread-safe
-        self.client: S3Client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        # one per bucket: sessions are not thread-safe; the blob reader takes its
+        # credentials from it too (registry.s3get)
+        self.session = boto3.session.Session()
+        self.client: S3Client = self.session.client("s3", endpoint_url=endpoint_url,
+                                                    config=config)
         self._seen = False
+
+    def region(self) -> str | None:
+        """The bucket's own region, from a HEAD bucket (AWS answers it from any region);
+        the client's region when the server does not say."""
+        try:
+            answer = self.client.head_bucket(Bucket=self.name)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "head_bucket", None) from exc
+        headers = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return str(answer.get("BucketRegion") or headers.get("x-amz-bucket-region")
+                   or self.client.meta.region_name or "") or None
 
     def where(self, key: str) -> str:
         return f"s3://{self.name}/{key}"

@@ -185,15 +185,17 @@ def digest_file_bytes(data: bytes) -> Digest:
     return Digest("xxh3-128", xxhash.xxh3_128(data).hexdigest())
 
 
-def test_get_missing_blob(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("size", [None, 7])  # S3: a HEAD first, or straight to a ranged GET
+def test_get_missing_blob(store: Store, tmp_path: Path, size: int | None) -> None:
     digest = fake_digest("cd", 7)
     dest = tmp_path / "dest.tmp"
 
     with pytest.raises(NotFoundError) as caught:
-        store.get_blob(digest, dest)
+        store.get_blob(digest, dest, size=size)
 
     assert caught.value.key.endswith(blob_key(digest))
     assert store.url in str(caught.value)
+    assert "\n" not in str(caught.value)
     assert not dest.exists()
 
 

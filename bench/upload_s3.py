@@ -1,0 +1,124 @@
+"""How fast `enginectl import` puts a 2 GiB directory into S3, hashing included, against s5cmd.
+
+Starts s3rver (npm, under ~/.cache/enginectl-bench; moto with --moto) on 127.0.0.1, writes
+8 files × 256 MiB of random bytes plus a config.json (read twice, so timed from page cache),
+then, in interleaved rounds (median of ROUNDS), wall clock:
+
+  (a)  `enginectl import DIR --kind vllm --model bench` into a new store prefix and a new
+       SQLite registry each round (so every blob is uploaded): xxh3-128 of every file, then
+       the upload (8 × 64 MiB parts in flight, CRC32 per part) while the sha256 of every file
+       is hashed beside it, then the manifest and the registry row
+  (b)  `s5cmd cp DIR/ s3://bucket/s5cmd-N/` (no hashing, its default 256 workers)
+
+with, for each, the client's CPU seconds, the server's CPU seconds and the server's share
+of one core over the run (server CPU ÷ wall): s3rver is one Node.js thread, so a share near
+1.0 says the server is the bottleneck and the ratio says little about the clients; the
+client CPU-s per GiB is then the number to compare. Outputs are removed at the end.
+
+Target (issue 14): (a) at least as fast as (b) on a server that is not the bottleneck.
+Run: `.venv/bin/python bench/upload_s3.py [--rounds N] [--moto] [--files N --file-mib M]`
+(≈4 minutes for 3 rounds; about 2 GiB of temp disk per case and round, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from _support import (
+    ENGINECTL,
+    GiB,
+    MiB,
+    Sample,
+    loadavg,
+    log,
+    machine,
+    make_artifact,
+    median,
+    process_cpu,
+    read_all,
+    run_measured,
+    s3_server,
+    s5cmd_bin,
+    scratch,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--files", type=int, default=8, help="files in the directory")
+    parser.add_argument("--file-mib", type=int, default=256, help="size of each file")
+    parser.add_argument("--moto", action="store_true", help="use moto instead of s3rver")
+    args = parser.parse_args()
+
+    print(f"machine: {machine()}")
+    with scratch("enginectl-upload-s3-") as tmp, \
+            s3_server(tmp, prefer="moto" if args.moto else "s3rver") as server:
+        print(f"server: {server.kind} at {server.endpoint_url}")
+        bucket = server.create_bucket()
+        log(f"writing {args.files} × {args.file_mib} MiB …")
+        source = make_artifact(tmp / "src", files=args.files, size=args.file_mib * MiB)
+        (source / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+        size = sum(path.stat().st_size for path in source.iterdir())
+        s5cmd = s5cmd_bin()
+
+        def ours(i: int) -> Sample:
+            home = tmp / f"home-{i}"
+            env = dict(server.env)
+            # a new bucket each round: s3rver 3.7.1 fails a one-key LIST (the bucket check
+            # after a 404) once a bucket holds more keys (see kill_publish.py below)
+            env.update(ENGINECTL_HOME=str(home),
+                       ENGINECTL_STORE_URL=f"s3://{server.create_bucket()}/ours-{i}",
+                       ENGINECTL_S3_ENDPOINT_URL=server.endpoint_url,
+                       ENGINECTL_REGISTRY_URL=f"sqlite:///{home / 'registry.db'}",
+                       ENGINECTL_CACHE_DIR=str(tmp / f"cache-{i}"))
+            return run_measured([ENGINECTL, "-q", "import", str(source), "--kind", "vllm",
+                                 "--model", "bench", "--json"], env)
+
+        cases = [("(a) enginectl import (hashing included)", ours)]
+        if s5cmd is not None:
+            cases.append(("(b) s5cmd cp DIR/ s3://…/", lambda i: run_measured(
+                [str(s5cmd), "--endpoint-url", server.endpoint_url, "cp", f"{source}/",
+                 f"s3://{bucket}/s5cmd-{i}/"], server.env)))
+        else:
+            print("not measured (could not install): s5cmd")
+
+        samples: dict[str, list[Sample]] = {name: [] for name, _ in cases}
+        server_cpu: dict[str, list[float]] = {name: [] for name, _ in cases}
+        loads: list[str] = []
+        for i in range(args.rounds):
+            for name, case in cases:
+                read_all(sorted(source.iterdir()))
+                load = loadavg()
+                loads.append(load)
+                log(f"round {i + 1}/{args.rounds}: {name} (load {load})")
+                before = process_cpu(server.process.pid)
+                samples[name].append(case(i))
+                server_cpu[name].append(process_cpu(server.process.pid) - before)
+
+        base = median([x.seconds for x in samples[cases[0][0]]])
+        print(f"\n{size / GiB:.2f} GiB in {args.files + 1} files; median of {args.rounds} "
+              f"rounds; ratio = time / time of (a); CPU = client user+sys; server = "
+              f"{server.kind} CPU s, srv/core = server CPU ÷ wall; load average at the "
+              f"starts {loads[0]} … {loads[-1]}, at the end {loadavg()}\n")
+        print(f"{'case':<42} {'median s':>8} {'MB/s':>5} {'ratio':>5} {'CPU s':>5} "
+              f"{'CPU/GiB':>7} {'server':>6} {'srv/core':>8} {'peak RSS':>9}  runs (s)")
+        for name, values in samples.items():
+            wall = median([x.seconds for x in values])
+            cpu = median([x.cpu for x in values])
+            srv = median(server_cpu[name])
+            rss = [x.rss_mib for x in values if x.rss_mib is not None]
+            shown = f"{max(rss):.0f} MiB" if rss else "-"
+            print(f"{name:<42} {wall:8.2f} {size / wall / 1e6:5.0f} {wall / base:5.2f} "
+                  f"{cpu:5.1f} {cpu / (size / GiB):7.2f} {srv:6.1f} {srv / wall:8.2f} "
+                  f"{shown:>9}  {', '.join(f'{x.seconds:.1f}' for x in values)}")
+        if len(cases) > 1:
+            peer = median([x.seconds for x in samples[cases[1][0]]])
+            print(f"\n(a) is {peer / base:.2f}x s5cmd's speed "
+                  f"({'meets' if peer / base >= 1 else 'MISSES'} >= 1.0x); read it with the "
+                  "server's share of a core: near 1.0, the server is the limit")
+
+
+if __name__ == "__main__":
+    main()
