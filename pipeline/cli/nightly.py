@@ -52,12 +52,13 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, d
     from pipeline.nightly.report import as_json as report_json
     from pipeline.nightly.report import notify, text_lines, write_html
     from pipeline.nightly.run import nightly as run_nightly
+    from registry.errors import UsageError
 
     if html_path is not None and not html_path.resolve().parent.is_dir():  # before the work
-        from registry.errors import UsageError
-
         raise UsageError(f"--html {html_path}: directory {html_path.resolve().parent} does "
                          "not exist")
+    if notify_url is not None and not notify_url.startswith(("http://", "https://")):
+        raise UsageError(f"--notify {notify_url!r}: not an http:// or https:// URL")
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
     report = run_nightly(recipes, executor=executor, address=address, dry_run=dry_run,

@@ -96,6 +96,8 @@ def test_quiet_silences_notes_and_verbose_contradicts_it(tmp_path: Path) -> None
     (["ls", "--status", "bogus"],
      "--status 'bogus' is not one of building, built, ready, quarantined, superseded, deleted"),
     (["ls", "--kind", "engine"], "--kind 'engine' is not one of trtllm-engine, "),
+    (["nightly", "--notify", "hooks.example/x"],
+     "--notify 'hooks.example/x': not an http:// or https:// URL"),
 ])
 def test_bad_filters_are_refused_with_the_valid_values(tmp_path: Path, args: list[str],
                                                        fragment: str) -> None:
