@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,9 @@ from registry.context import Context
 from registry.errors import RegistryError, UsageError
 
 if TYPE_CHECKING:
+    from pipeline.executors.dag import Backend
     from pipeline.promote import Promotion
+    from registry.records import ArtifactRecord
 
 Echo = Callable[[str], None]
 
@@ -158,7 +160,6 @@ def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: 
            record_probes: bool | None) -> BuildResult:
     """The full path: look up the keys, record the recipe and the probe, walk the DAG, fill
     the recipe's empty promotion channels."""
-    from pipeline.executors.dag import walk
     from pipeline.executors.local import LocalExecutor
     from pipeline.executors.stage import lookup
     from pipeline.promote import promote_built
@@ -180,19 +181,30 @@ def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: 
         records.touch_recipe(session, loaded.digest, loaded.path)
     with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
                        local_gpu=found.toolchain.gpu, keep_work=keep_work) as executor:
-        if echo is not None and (sys.stdout.isatty() if live is None else live):
-            with LiveView(plan, keys) as view:
-                result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
-                                      keep_going=keep_going, report=view.finished,
-                                      started=view.started)
-        else:
-            report = (lambda outcome: echo(_describe(outcome))) if echo else None
-            result.summary = walk(plan, ctx, keys, executor, hits=hit_records,
-                                  keep_going=keep_going, report=report)
+        result.summary = shown_walk(plan, ctx, keys, executor, hits=hit_records,
+                                    keep_going=keep_going, echo=echo, live=live)
     raise_if_interrupted(recipe, result.summary)
     if promote:
         result.promotions = promote_built(ctx, plan, result.summary)
     return result
+
+
+def shown_walk(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,
+               hits: Mapping[str, ArtifactRecord], keep_going: bool, echo: Echo | None,
+               live: bool | None, view: type[LiveView] | None = None,
+               describe: Callable[[Outcome], str] | None = None) -> BuildSummary:
+    """The walk (`pipeline.executors.dag.walk`) shown as it goes: a live *view* table (default
+    `LiveView`) when *live* (default: stdout is a terminal), else a *describe* line (default
+    `_describe`) per finished run to *echo*; silent without *echo*."""
+    from pipeline.executors.dag import walk
+
+    if echo is not None and (sys.stdout.isatty() if live is None else live):
+        with (view or LiveView)(plan, keys) as table:
+            return walk(plan, ctx, keys, backend, hits=hits, keep_going=keep_going,
+                        report=table.finished, started=table.started)
+    line = describe or _describe
+    report = (lambda outcome: echo(line(outcome))) if echo else None
+    return walk(plan, ctx, keys, backend, hits=hits, keep_going=keep_going, report=report)
 
 
 def raise_if_interrupted(recipe: Path, summary: BuildSummary) -> None:

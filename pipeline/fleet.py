@@ -24,9 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import BuildResult, LiveView, raise_if_interrupted
+from pipeline.build import BuildResult, LiveView, raise_if_interrupted, shown_walk
 from pipeline.errors import FleetError
-from pipeline.executors.dag import walk
 from pipeline.executors.outcome import Outcome
 from pipeline.executors.pools import (
     CPU_POOL,
@@ -278,15 +277,9 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
                                       for pool, ps in probes.items()},
                               cpu_nodes=cpu_nodes, grace_s=GRACE_S,
                               max_retries=MAX_RETRIES) as backend:
-            if echo is not None and sys.stdout.isatty():
-                with NodeView(plan, keys) as view:
-                    result.summary = walk(plan, ctx, keys, backend, hits=hits,
-                                          keep_going=keep_going, report=view.finished,
-                                          started=view.started)
-            else:
-                report = (lambda outcome: echo(describe(outcome))) if echo else None
-                result.summary = walk(plan, ctx, keys, backend, hits=hits,
-                                      keep_going=keep_going, report=report)
+            result.summary = shown_walk(plan, ctx, keys, backend, hits=hits,
+                                        keep_going=keep_going, echo=echo, live=None,
+                                        view=NodeView, describe=describe)
         raise_if_interrupted(recipe, result.summary)
         if promote:
             result.promotions = promote_built(ctx, plan, result.summary)
