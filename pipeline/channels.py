@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import RecipeError
-from pipeline.recipe import LoadedRecipe, PromoteMatch
-from pipeline.targets import Target
+from pipeline.recipe import LoadedRecipe
+from pipeline.targets import Target, selects
 from registry.refs import valid_alias_name
 
 
@@ -35,14 +35,6 @@ class Channel:
                 "smoke": self.smoke, "max_regression": self.max_regression}
 
 
-def matches(match: PromoteMatch, target: Target) -> bool:
-    for name in type(match).model_fields:
-        wanted = getattr(match, name)
-        if wanted is not None and target.axis(name) not in wanted:
-            return False
-    return True
-
-
 def render(template: str, target: Target, model: str) -> str:
     values = {"model": model, "gpu": target.gpu.sku.lower(), "quant": target.quant,
               "runtime": target.runtime, "shape": target.shape.label, "tp": f"tp{target.tp}"}
@@ -57,7 +49,7 @@ def channels(loaded: LoadedRecipe, chains: Sequence[tuple[Target, list[str]]]) -
     for index, entry in enumerate(loaded.recipe.promote):
         field = f"promote[{index}].alias"
         line = loaded.line_of("promote", index, "alias")
-        chosen = [(t, chain) for t, chain in chains if matches(entry.match, t)]
+        chosen = [(t, chain) for t, chain in chains if selects(t, entry.match)]
         if not chosen:
             raise RecipeError(loaded.path, f"{entry.alias!r}: its match selects no target of "
                               "the matrix; widen `match` or remove the entry",

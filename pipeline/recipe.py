@@ -228,8 +228,9 @@ _AXIS = Field(min_length=1, max_length=MAX_AXIS)
 _SHAPES = Field(min_length=1, max_length=MAX_SHAPES)
 
 
-class MatrixFilter(_Model):
-    """An `exclude` or `include` entry: each axis a value or a list of values."""
+class AxisSelection(_Model):
+    """Targets picked by matrix axes: each axis a value or a list of values; an axis left
+    out matches any value (`pipeline.targets.selects`)."""
 
     gpu: Annotated[list[GpuName], BeforeValidator(_as_list), _AXIS] | None = None
     tp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
@@ -248,6 +249,10 @@ class MatrixFilter(_Model):
     @classmethod
     def _parallel(cls, values: list[int] | None) -> list[int] | None:
         return _power_of_two(values)
+
+
+class MatrixFilter(AxisSelection):
+    """An `exclude` or `include` entry (at least one axis named)."""
 
     @model_validator(mode="after")
     def _not_empty(self) -> MatrixFilter:
@@ -442,17 +447,8 @@ PLACEHOLDERS: tuple[str, ...] = ("model", "gpu", "quant", "runtime", "shape", "t
 _PLACEHOLDER = re.compile(r"{([^{}]*)}")
 
 
-class PromoteMatch(_Model):
-    """Which targets a promotion channel follows: any matrix axes, each a value or a list;
-    an axis left out matches any value."""
-
-    gpu: Annotated[list[GpuName], BeforeValidator(_as_list), _AXIS] | None = None
-    tp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
-    pp: Annotated[list[Count], BeforeValidator(_as_list), _AXIS] | None = None
-    quant: Annotated[list[Quant], BeforeValidator(_as_list), _AXIS] | None = None
-    kv_cache_dtype: Annotated[list[KvCacheDtype], BeforeValidator(_as_list), _AXIS] | None = None
-    shape: Annotated[list[str], BeforeValidator(_as_list), _SHAPES] | None = None
-    runtime: Annotated[list[Runtime], BeforeValidator(_as_list), _AXIS] | None = None
+class PromoteMatch(AxisSelection):
+    """Which targets a promotion channel follows (none named: every target)."""
 
 
 class Promotion(_Model):

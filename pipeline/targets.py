@@ -15,6 +15,7 @@ from pipeline.errors import PlanError, RecipeError
 from pipeline.memory import Fit, memory_fit
 from pipeline.recipe import (
     Architecture,
+    AxisSelection,
     BuildSettings,
     KvCacheDtype,
     LoadedRecipe,
@@ -79,7 +80,8 @@ class Target:
         }
 
 
-def _matches(target: Target, entry: MatrixFilter) -> bool:
+def selects(target: Target, entry: AxisSelection) -> bool:
+    """Whether *entry* (a matrix filter or a promotion match) picks *target*."""
     for name in AXES:
         wanted = getattr(entry, name)
         if wanted is not None and target.axis(name) not in wanted:
@@ -136,14 +138,14 @@ def expand_matrix(loaded: LoadedRecipe) -> list[Target]:
     everything = _product(matrix, runtimes, None)
     targets = everything
     for index, entry in enumerate(matrix.exclude):
-        if not any(_matches(t, entry) for t in everything):
+        if not any(selects(t, entry) for t in everything):
             raise RecipeError(
                 path,
                 "matches no target of the matrix (a typo, or a leftover?)",
                 field=f"matrix.exclude[{index}]",
                 line=loaded.line_of("matrix", "exclude", index),
             )
-        targets = [t for t in targets if not _matches(t, entry)]
+        targets = [t for t in targets if not selects(t, entry)]
     seen = {t.id for t in targets}
     for index, entry in enumerate(matrix.include):
         for target in _product(matrix, runtimes, entry):
