@@ -1,4 +1,4 @@
-"""Ranged GETs of blob bytes through obstore (Rust `object_store`): the data path of a fetch.
+"""GETs of blobs (ranged) and manifests through obstore (Rust `object_store`): a fetch's data path.
 
 boto3 reads every body through Python socket reads (botocore, urllib3, http.client): on a
 2 GiB fetch that was ~60 % of the client's CPU and kept enginectl at a third of what the
@@ -6,7 +6,8 @@ server could send. Here the bytes move in Rust (tokio and hyper, the GIL release
 read waits) and reach Python as 1 MiB buffers, which are written to their offsets in the
 file; everything else stays as it was: which ranges, how many in flight and in what order
 they are hashed is `S3Store`'s (`registry.ranges`), control calls (HEAD, LIST, PUT,
-multipart, small objects, manifests) stay on boto3 (`registry.s3bucket`).
+multipart, small objects) stay on boto3 (`registry.s3bucket`), as does telling a missing
+bucket from a missing manifest.
 
 What the store promises, and who keeps it:
 
@@ -15,7 +16,11 @@ What the store promises, and who keeps it:
   settings); on AWS itself the bucket's region, asked once with HEAD bucket.
 - the AWS credential chain: credentials come from the same boto3 session (environment,
   ~/.aws files and profiles, SSO, web identity, container and instance metadata), asked
-  for again every few minutes, so refreshed credentials are picked up.
+  for again every few minutes, so refreshed credentials are picked up. One case skips
+  boto3 (its import and client cost ~0.4 s of a fetch's start-up): static keys in the
+  environment for a custom endpoint with no AWS config file and no profile, where boto3
+  could only resolve those same keys, that endpoint and the environment's region
+  (`environment_settings`).
 - retries: obstore retries throttling (429, 503 SlowDown), 5xx and connection errors with
   exponential backoff before a body starts; a body cut off mid-read is asked for again
   here from the byte where it stopped (`stream_retries` times).
@@ -25,10 +30,12 @@ What the store promises, and who keeps it:
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
@@ -67,38 +74,102 @@ def custom_endpoint(url: str | None) -> str | None:
     return url
 
 
-class RangeReader:
-    """Ranged reads of the objects of one bucket; safe to share between threads."""
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() == "true"
 
-    def __init__(self, bucket: Bucket, *, stream_retries: int = 5) -> None:
-        self.bucket = bucket
+
+def environment_settings(endpoint_url: str | None,
+                         environ: Mapping[str, str] = os.environ) -> S3Config | None:
+    """obstore's settings taken straight from the environment, when boto3 could resolve
+    nothing else; None sends the caller through boto3's session and client.
+
+    They apply only when every input boto3 would weigh is in the environment: static keys
+    (botocore's first credential provider, so no file, SSO or metadata is ever asked), no
+    profile, no CA bundle for an https endpoint, no AWS config file (it could set a region,
+    an endpoint or the addressing style), and a custom endpoint (on AWS the bucket's region
+    must be asked).
+    The endpoint is enginectl's own setting, else boto3's environment variables for it."""
+    key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        return None
+    if environ.get("AWS_PROFILE") or environ.get("AWS_DEFAULT_PROFILE"):
+        return None
+    config_file = environ.get("AWS_CONFIG_FILE") or str(Path("~/.aws/config"))
+    if Path(config_file).expanduser().exists():
+        return None
+    if not endpoint_url and not _truthy(environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")):
+        endpoint_url = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    endpoint = custom_endpoint(endpoint_url)
+    if endpoint is None:
+        return None
+    if endpoint.startswith("https:") and environ.get("AWS_CA_BUNDLE"):
+        return None  # boto3 trusts that bundle for the control calls; let it say so
+    config: S3Config = {
+        "access_key_id": key,
+        "secret_access_key": secret,
+        "region": environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+        or "us-east-1",
+        "endpoint": endpoint,
+        "virtual_hosted_style_request": False,
+    }
+    token = environ.get("AWS_SESSION_TOKEN") or environ.get("AWS_SECURITY_TOKEN")
+    if token:
+        config["session_token"] = token
+    return config
+
+
+class RangeReader:
+    """Ranged reads of the objects of one bucket; safe to share between threads.
+
+    *bucket* gives the boto3 side of the same bucket; it is called only when the
+    credentials, endpoint or region have to come from boto3 (`environment_settings`)."""
+
+    def __init__(self, name: str, store_url: str, endpoint_url: str | None,
+                 bucket: Callable[[], Bucket], *, stream_retries: int = 5) -> None:
+        self.name = name
+        self.store_url = store_url
+        self.endpoint_url = endpoint_url
+        self._bucket = bucket
         self.stream_retries = max(1, stream_retries)
 
-    @cached_property
-    def _store(self) -> ObjectStore:
-        from obstore.auth.boto3 import Boto3CredentialProvider
-        from obstore.store import S3Store as ObjectStore
+    def where(self, key: str) -> str:
+        return f"s3://{self.name}/{key}"
 
-        client = self.bucket.client
+    def _boto3_settings(self) -> tuple[S3Config, object]:
+        """The endpoint and region boto3 resolved, and its credential chain."""
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        bucket = self._bucket()
+        client = bucket.client
         try:
-            credentials = Boto3CredentialProvider(self.bucket.session, ttl=CREDENTIALS_TTL)
+            credentials = Boto3CredentialProvider(bucket.session, ttl=CREDENTIALS_TTL)
         except ValueError as exc:  # boto3 found no credentials anywhere in the chain
             raise StoreError(
-                f"no AWS credentials for {self.bucket.where('')}: set AWS_ACCESS_KEY_ID and "
+                f"no AWS credentials for {self.where('')}: set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run on a node with an instance role",
-                url=self.bucket.store_url, operation="get_object") from exc
-        endpoint = self.bucket.endpoint_url or custom_endpoint(client.meta.endpoint_url)
+                url=self.store_url, operation="get_object") from exc
+        endpoint = self.endpoint_url or custom_endpoint(client.meta.endpoint_url)
         config: S3Config = {
-            "region": (client.meta.region_name if endpoint else self.bucket.region())
+            "region": (client.meta.region_name if endpoint else bucket.region())
             or "us-east-1",
             "virtual_hosted_style_request": False,
         }
         if endpoint:
             config["endpoint"] = endpoint
+        return config, credentials
+
+    @cached_property
+    def _store(self) -> ObjectStore:
+        from obstore.store import S3Store as ObjectStore
+
+        config = environment_settings(self.endpoint_url)
+        credentials = None
+        if config is None:
+            config, credentials = self._boto3_settings()
         return ObjectStore(
-            self.bucket.name,
+            self.name,
             config=config,
-            credential_provider=credentials,
+            credential_provider=credentials,  # type: ignore[arg-type]
             client_options={
                 "allow_http": True,  # only an http:// endpoint the user gave is ever http
                 "connect_timeout": timedelta(seconds=10),
@@ -113,6 +184,29 @@ class RangeReader:
                 "retry_timeout": timedelta(minutes=3),
             },
         )
+
+    def read_all(self, key: str, what: str) -> bytes:
+        """The whole of a small object (a manifest). A body cut off mid-read is asked for
+        again whole; NotFoundError when there is no such key (or no such bucket: the
+        caller asks boto3 which, `S3Store.get_manifest`)."""
+        failure: BaseException | None = None
+        for _attempt in range(self.stream_retries):
+            try:
+                result = obstore.get(self._store, key)
+            except FileNotFoundError as exc:
+                raise NotFoundError(what, url=self.store_url, key=key) from exc
+            except (ObstoreError, ValueError) as exc:
+                raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
+                                 url=self.store_url, key=key,
+                                 operation="get_object") from exc
+            try:
+                return result.bytes().to_bytes()
+            except ObstoreError as exc:  # the body broke off: ask again
+                failure = exc
+        raise StoreError(
+            f"get_object {self.where(key)} failed: the body was cut off "
+            f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
+            url=self.store_url, key=key, operation="get_object") from failure
 
     def read_into(
         self,
@@ -138,15 +232,15 @@ class RangeReader:
                 total = int(result.meta["size"])
                 got = tuple(result.range)
             except FileNotFoundError as exc:  # obstore's 404 (its NotFoundError is deprecated)
-                raise NotFoundError(what, url=self.bucket.store_url, key=key) from exc
+                raise NotFoundError(what, url=self.store_url, key=key) from exc
             except (ObstoreError, ValueError) as exc:
-                raise StoreError(f"get_object {self.bucket.where(key)} failed: {first_line(exc)}",
-                                 url=self.bucket.store_url, key=key,
+                raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
+                                 url=self.store_url, key=key,
                                  operation="get_object") from exc
             if got[0] != start + done:  # misplaced bytes are worse than none
                 raise StoreError(
-                    f"get_object {self.bucket.where(key)}: the server ignored the Range header",
-                    url=self.bucket.store_url, key=key, operation="get_object")
+                    f"get_object {self.where(key)}: the server ignored the Range header",
+                    url=self.store_url, key=key, operation="get_object")
             try:
                 for chunk in result.stream(min_chunk_size=CHUNK):
                     check_stop(stop)
@@ -158,8 +252,8 @@ class RangeReader:
             return total
         else:
             raise StoreError(
-                f"get_object {self.bucket.where(key)} failed: the body was cut off "
+                f"get_object {self.where(key)} failed: the body was cut off "
                 f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
-                url=self.bucket.store_url, key=key, operation="get_object") from failure
+                url=self.store_url, key=key, operation="get_object") from failure
         assert total is not None  # noqa: S101 - the loop ran a GET before it could break
         return total

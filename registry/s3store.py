@@ -10,8 +10,10 @@
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
   the file at its offset in 1 MiB chunks, and the parts are hashed from the file's pages in
   order as they complete, so verification overlaps the download and memory stays flat.
-  The GETs go through obstore (`registry.s3get`: bytes move in Rust, not in Python socket
-  reads); everything else goes through boto3 (`registry.s3bucket`).
+  The GETs (blobs and manifests) go through obstore (`registry.s3get`: bytes move in Rust,
+  not in Python socket reads); everything else goes through boto3 (`registry.s3bucket`),
+  imported on the first such call, so a fetch whose credentials are in the environment
+  never imports it.
 - `missing_blobs` groups digests by their 2-hex shard: a few per shard are HEADed, more are
   found with one LIST of just the key range needed; shards are asked in parallel.
 
@@ -33,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import xxhash
-from botocore.exceptions import BotoCoreError, ClientError
 
 from registry.digest import Digest, sha256_of, update_mapped
 from registry.errors import IntegrityError, NotFoundError, StoreError
@@ -47,11 +48,11 @@ from registry.layout import (
     parse_manifest_key,
 )
 from registry.ranges import pwrite_all, read_exactly, read_ranges, split
-from registry.s3bucket import Bucket
 from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 from registry.workers import Workers
 
 if TYPE_CHECKING:
+    from registry.s3bucket import Bucket
     from registry.s3get import RangeReader
 
 MiB: Final = 1 << 20
@@ -86,20 +87,33 @@ class S3Store:
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.download_part_size = download_part_size
         self.download_threads = download_threads
-        self.bucket = Bucket(
-            bucket,
-            store_url=self.url,
-            endpoint_url=endpoint_url,
-            pool_connections=2 * max(upload_threads, download_threads),
-            stream_retries=stream_retries,
-        )
+        self.bucket_name = bucket
+        self.endpoint_url = endpoint_url
         self.stream_retries = stream_retries
         self.upload_part_size = upload_part_size
         self.upload_threads = upload_threads
 
+    @cached_property
+    def bucket(self) -> Bucket:
+        """boto3's side of the bucket (control calls, uploads), made on first use."""
+        from registry.s3bucket import Bucket
+
+        return Bucket(
+            self.bucket_name,
+            store_url=self.url,
+            endpoint_url=self.endpoint_url,
+            pool_connections=2 * max(self.upload_threads, self.download_threads),
+            stream_retries=self.stream_retries,
+        )
+
+    def where(self, key: str) -> str:
+        return f"s3://{self.bucket_name}/{key}"
+
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Multipart uploads under this store's prefix started before *before* and never
         completed (a killed publish); aborting them frees their parts."""
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3 is loaded by now
+
         client, count = self.bucket.client, 0
         try:
             pages = client.get_paginator("list_multipart_uploads").paginate(
@@ -117,7 +131,7 @@ class S3Store:
         return count
 
     def __repr__(self) -> str:
-        return f"S3Store({self.url!r}, endpoint_url={self.bucket.endpoint_url!r})"
+        return f"S3Store({self.url!r}, endpoint_url={self.endpoint_url!r})"
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -169,11 +183,13 @@ class S3Store:
         try:
             size = source.stat().st_size
         except OSError as exc:
-            raise StoreError(f"put_blob {self.bucket.where(key)} cannot read {source}: "
+            raise StoreError(f"put_blob {self.where(key)} cannot read {source}: "
                              f"{exc.strerror or exc}", url=self.url, key=key,
                              operation="put_blob") from exc
         if self.bucket.size(key, "put_blob") == size:
             return
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3 is loaded by now
+
         try:
             with source.open("rb") as handle:
                 if size < self.upload_part_size:
@@ -187,7 +203,7 @@ class S3Store:
             raise self.bucket.error(exc, "put_blob", key) from exc
         except OSError as exc:
             raise StoreError(
-                f"put_blob {self.bucket.where(key)} failed reading {source}: {exc.strerror or exc}",
+                f"put_blob {self.where(key)} failed reading {source}: {exc.strerror or exc}",
                 url=self.url,
                 key=key,
                 operation="put_blob",
@@ -204,6 +220,8 @@ class S3Store:
                    stop: threading.Event | None) -> None:
         """One multipart upload with a CRC32 checksum per part (S3 checks each), parts read
         from the file only when their turn comes; aborted on any failure or stop."""
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3 is loaded by now
+
         client, bucket = self.bucket.client, self.bucket.name
         upload_id = client.create_multipart_upload(
             Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
@@ -255,14 +273,15 @@ class S3Store:
             raise
         if actual != digest:
             dest.unlink(missing_ok=True)
-            raise IntegrityError(self.bucket.where(key), expected=digest, actual=actual)
+            raise IntegrityError(self.where(key), expected=digest, actual=actual)
 
     @cached_property
     def _reader(self) -> RangeReader:
         """Blob bytes come through obstore (registry.s3get); imported on the first fetch."""
         from registry.s3get import RangeReader
 
-        return RangeReader(self.bucket, stream_retries=self.stream_retries)
+        return RangeReader(self.bucket_name, self.url, self.endpoint_url, lambda: self.bucket,
+                           stream_retries=self.stream_retries)
 
     @cached_property
     def _readers(self) -> Workers:
@@ -291,11 +310,11 @@ class S3Store:
 
             seen_total = self._reader.read_into(key, what, write, (start, end), stop)
             if seen_total != total:
-                raise IntegrityError(self.bucket.where(key), expected=digest, actual=None,
+                raise IntegrityError(self.where(key), expected=digest, actual=None,
                                      detail=f"{seen_total} bytes where {total} are expected")
             if written != end - start:
                 raise StoreError(
-                    f"get_blob {self.bucket.where(key)}: asked for bytes {start}-{end - 1}, "
+                    f"get_blob {self.where(key)}: asked for bytes {start}-{end - 1}, "
                     f"got {written}", url=self.url, key=key, operation="get_blob",
                 )
 
@@ -339,7 +358,7 @@ class S3Store:
         key = self._key(manifest_key(digest))
         actual = sha256_of(data)
         if actual != digest:
-            where = f"manifest data for {self.bucket.where(key)}"
+            where = f"manifest data for {self.where(key)}"
             raise IntegrityError(where, expected=digest, actual=actual)
         try:
             if self.bucket.get(key, f"manifest {digest}")[0] == data:
@@ -349,11 +368,14 @@ class S3Store:
         self.bucket.put(key, data, sha256_b64=base64.b64encode(bytes.fromhex(digest.hex)).decode())
 
     def get_manifest(self, digest: Digest) -> bytes:
-        key = self._key(manifest_key(digest))
-        data, _size = self.bucket.get(key, f"manifest {digest}")
+        key, what = self._key(manifest_key(digest)), f"manifest {digest}"
+        try:
+            data = self._reader.read_all(key, what)
+        except NotFoundError:  # boto3 says whether the key or the whole bucket is missing
+            data, _size = self.bucket.get(key, what)
         actual = sha256_of(data)
         if actual != digest:
-            raise IntegrityError(self.bucket.where(key), expected=digest, actual=actual)
+            raise IntegrityError(self.where(key), expected=digest, actual=actual)
         return data
 
     def iter_manifests(self) -> Iterator[Digest]:

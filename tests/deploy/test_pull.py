@@ -315,8 +315,9 @@ def test_a_missing_runtime_is_the_machines_fault_not_the_artifacts(
 
 def test_pull_by_ref_never_imports_sqlalchemy(ctx: Context, deploy_env: dict[str, str],
                                               tmp_path: Path) -> None:
-    """A pull by REF reads the registry like fetch, on the database driver alone; once its
-    blobs and manifests are in the cache it does not even open the store (no boto3)."""
+    """A pull by REF reads the registry like fetch, on the database driver alone; with the
+    S3 keys in the environment its bytes come through obstore without boto3, and once its
+    blobs and manifests are in the cache it does not even open the store."""
     entry = artifacts.vllm_entry(ctx, tmp_path / "entry",
                                  artifacts.checkpoint(ctx, tmp_path / "ckpt"))
     artifacts.alias(ctx, "m/prod", entry)
@@ -334,8 +335,8 @@ def test_pull_by_ref_never_imports_sqlalchemy(ctx: Context, deploy_env: dict[str
         return done.stdout.strip()
 
     first = pulled_in_a_fresh_interpreter("first")
-    s3 = ctx.store.url.startswith("s3://")
-    assert first.split(" ", 1)[1] == ("['boto3', 'botocore']" if s3 else "[]")
+    assert int(first.split(" ", 1)[0]) > 0
+    assert first.split(" ", 1)[1] == "[]"
     assert pulled_in_a_fresh_interpreter("second") == "0 []"  # a cache hit, store unopened
 
 

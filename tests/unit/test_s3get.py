@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from registry.s3get import custom_endpoint, first_line
+from registry.s3get import custom_endpoint, environment_settings, first_line
 
 
 @pytest.mark.parametrize(
@@ -35,3 +37,61 @@ def test_custom_endpoint(resolved: str | None, expected: str | None) -> None:
 )
 def test_first_line_of_an_obstore_message(message: str, expected: str) -> None:
     assert first_line(RuntimeError(message)) == expected
+
+
+KEYS = {"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "SECRET"}
+NO_CONFIG = {"AWS_CONFIG_FILE": "/nonexistent/aws-config"}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "environ", "expected"),
+    [
+        # keys and a custom endpoint, nothing else boto3 could weigh: obstore alone
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG},
+         {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1"}),
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_REGION": "eu-west-1",
+                                   "AWS_DEFAULT_REGION": "us-west-2"},
+         {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1"}),  # AWS_REGION first
+        (None, {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+                "AWS_ENDPOINT_URL": "http://other:9000", "AWS_DEFAULT_REGION": "x-1"},
+         {"endpoint": "http://minio:9000", "region": "x-1"}),  # boto3's own endpoint setting
+        (None, {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL": "http://other:9000"},
+         {"endpoint": "http://other:9000", "region": "us-east-1"}),
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_CA_BUNDLE": "/ca.pem"},
+         {"endpoint": "http://127.0.0.1:9000"}),  # no TLS: the bundle does not matter
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_SESSION_TOKEN": "TOKEN"},
+         {"endpoint": "http://127.0.0.1:9000", "session_token": "TOKEN"}),
+        # anything that only boto3 resolves: boto3's session and client
+        ("http://127.0.0.1:9000", {**NO_CONFIG}, None),  # no keys: the rest of the chain
+        ("http://127.0.0.1:9000", {**NO_CONFIG, "AWS_ACCESS_KEY_ID": "AKID"}, None),
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_PROFILE": "prod"}, None),
+        ("https://minio:9000", {**KEYS, **NO_CONFIG, "AWS_CA_BUNDLE": "/ca.pem"}, None),
+        (None, {**KEYS, **NO_CONFIG}, None),  # AWS itself: the bucket's region is asked
+        ("https://s3.eu-west-1.amazonaws.com", {**KEYS, **NO_CONFIG}, None),
+        (None, {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL": "http://other:9000",
+                "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"}, None),
+    ],
+)
+def test_settings_come_from_the_environment_only_when_boto3_could_resolve_nothing_else(
+        endpoint: str | None, environ: dict[str, str], expected: dict[str, str] | None) -> None:
+    settings = environment_settings(endpoint, environ)
+    if expected is None:
+        assert settings is None
+        return
+    assert settings is not None
+    assert settings["access_key_id"] == "AKID"
+    assert settings["secret_access_key"] == "SECRET"  # noqa: S105 - a test value
+    assert settings["virtual_hosted_style_request"] is False
+    for name, value in expected.items():
+        assert settings[name] == value  # type: ignore[literal-required]
+    assert ("session_token" in settings) == ("session_token" in expected)
+
+
+def test_an_aws_config_file_sends_settings_through_boto3(tmp_path: Path) -> None:
+    """It may set a region, an endpoint or the addressing style, which only boto3 reads."""
+    config_file = tmp_path / "config"
+    config_file.write_text("[default]\nregion = eu-west-1\n")
+    environ = {**KEYS, "AWS_CONFIG_FILE": str(config_file)}
+    assert environment_settings("http://127.0.0.1:9000", environ) is None
+    config_file.unlink()
+    assert environment_settings("http://127.0.0.1:9000", environ) is not None
