@@ -8,7 +8,8 @@ only the first half of the body, and close) or "hold" (send the headers and the 
 of the body, set `holding`, then trickle one more byte every half second, so that no read
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
 a PUT, set `holding` and read none of the upload until the proxy is closed).
-`ranges` records every GET's Range header. It runs in a thread on a free loopback port.
+`ranges` records every GET's Range header, `puts` every PUT's path and headers. It runs in a
+thread on a free loopback port.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FaultyProxy:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
         self.ranges: list[str | None] = []
+        self.puts: list[tuple[str, dict[str, str]]] = []
         self.holding = threading.Event()
         """Set once a "hold" answer has sent half its body and is stalling."""
         self.released = threading.Event()
@@ -53,6 +55,9 @@ class FaultyProxy:
                     proxy.faults.append(fault)
                     if self.command == "GET":
                         proxy.ranges.append(self.headers.get("Range"))
+                    if self.command == "PUT":
+                        proxy.puts.append((self.path, {k.lower(): v
+                                                       for k, v in self.headers.items()}))
                 if fault == "hold" and self.command == "PUT":  # stop reading the upload
                     proxy.holding.set()
                     proxy.released.wait()

@@ -548,6 +548,39 @@ def test_transient_s3_errors_are_retried(
     assert proxy.faults.count("reset") >= 3
 
 
+def test_uploads_carry_a_checked_crc32_and_leave_the_body_out_of_the_signature(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Every PUT of a publish (single objects and multipart parts) sends a CRC32 that S3
+    checks, signed as a header, and `UNSIGNED-PAYLOAD` for the body, so botocore does not
+    sha256 each part again (the blob's own digest is what every fetch verifies); what
+    lands is the artifact, byte for byte."""
+    from tests.integration.faulty_proxy import FaultyProxy
+
+    engine = make_engine(tmp_path / "engine")
+    (engine / "rank1.engine").write_bytes(os.urandom(12 << 20))  # a multipart upload
+    with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
+        context = Context(RegistryConfig(
+            home=tmp_path, store_url=f"s3://{s3_bucket}/unsigned",
+            s3_endpoint_url=proxy.endpoint_url, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
+            cache_dir=tmp_path / "cache"))
+        context.store.upload_part_size = 5 << 20  # type: ignore[attr-defined]
+        published = import_artifact(context, engine, engine_spec())
+        fetched = fetch(context, published.digest, tmp_path / "out", verify="strict")
+        context.close()
+    parts = [h for path, h in proxy.puts if "partNumber=" in path]
+    blobs = [h for path, h in proxy.puts if "/blobs/" in path and "partNumber=" not in path]
+    assert len(parts) >= 3  # 12 MiB in 5 MiB parts, at least
+    assert blobs  # the small files: one PUT each
+    for headers in parts + blobs:
+        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+        assert "x-amz-checksum-crc32" in headers
+        assert "x-amz-checksum-crc32" in headers["authorization"]  # signed: cannot be swapped
+    assert fetched.manifest.digest == published.manifest.digest
+    landed = (tmp_path / "out" / "rank1.engine").read_bytes()
+    assert landed == (engine / "rank1.engine").read_bytes()
+
+
 def test_a_body_cut_off_mid_stream_is_resumed_where_it_stopped(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
