@@ -18,7 +18,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -247,7 +246,7 @@ def fetch_manifest(
 
 def _owner() -> str:
     """Who made a staging or set-aside directory: `HOST-PID`, read back by _clear_abandoned."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    return f"{os.uname().nodename}-{os.getpid()}"  # gethostname(2), without importing socket
 
 
 def _clear_abandoned(dest: Path) -> None:
@@ -255,7 +254,7 @@ def _clear_abandoned(dest: Path) -> None:
     directories (`.DEST.fetch-HOST-PID-X`) are removed; a set-aside previous content
     (`.DEST.old-HOST-PID`, killed mid-swap) is put back when DEST is missing, else removed.
     Directories of live processes and of other hosts are left alone."""
-    host = socket.gethostname()
+    host = os.uname().nodename
     for path in dest.parent.glob(f".{glob.escape(dest.name)}.*-*"):
         kind, _, owner = path.name[len(dest.name) + 2:].partition("-")
         if kind == "fetch":

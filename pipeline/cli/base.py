@@ -20,7 +20,6 @@ import errno
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, Final, NoReturn, TypeVar
@@ -173,6 +172,8 @@ def handle_errors(func: F) -> F:
             return func(*args, **kwargs)
         except EnginectlError as exc:
             if show_traceback:
+                import traceback  # only for --traceback: not on every start-up
+
                 traceback.print_exc()
             fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
@@ -183,6 +184,8 @@ def handle_errors(func: F) -> F:
             if is_closed_stdout(exc):
                 stdout_closed()
             if show_traceback:
+                import traceback  # only for --traceback: not on every start-up
+
                 traceback.print_exc()
             fail(f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
                  "(rerun with --traceback)", 1)
