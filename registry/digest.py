@@ -109,12 +109,14 @@ class Hasher(Protocol):
     def update(self, data: memoryview, /) -> None: ...
 
 
-def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | None) -> None:
+def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | None,
+                  release: bool = True) -> None:
     """Feed bytes [start, end) of a mapped file to every hasher, CHUNK bytes at a time (both
     hashes of a chunk run while it is in the CPU cache), without copying them. Each chunk
     is unmapped from this process once hashed (the page cache keeps it), so hashing a big
-    file does not show up as resident memory."""
-    released = start if start % mmap.PAGESIZE == 0 else end
+    file does not show up as resident memory; `release=False` leaves that to the caller
+    (`release_mapped`), who hashes a file in many small steps."""
+    released = start if release and start % mmap.PAGESIZE == 0 else end
     with memoryview(region) as view:
         for offset in range(start, end, CHUNK):
             stop = min(offset + CHUNK, end)
@@ -125,6 +127,16 @@ def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | No
             if stop - released >= RELEASE or (stop == end and released < end):
                 region.madvise(mmap.MADV_DONTNEED, released, stop - released)
                 released = stop
+
+
+def release_mapped(region: mmap.mmap, released: int, hashed: int, *, final: bool) -> int:
+    """Unmap the hashed pages [released, hashed) of *region* once they add up to RELEASE
+    (or at the *final* step) and return the new start of what is still mapped."""
+    released -= released % mmap.PAGESIZE
+    if hashed - released >= RELEASE or (final and released < hashed):
+        region.madvise(mmap.MADV_DONTNEED, released, hashed - released)
+        return hashed
+    return released
 
 
 def tree_digest(root: Path) -> Digest:

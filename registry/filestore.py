@@ -22,7 +22,7 @@ from typing import IO, Final
 
 import xxhash
 
-from registry.digest import Digest, sha256_of, update_mapped
+from registry.digest import Digest, release_mapped, sha256_of, update_mapped
 from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.layout import (
     BLOBS,
@@ -35,7 +35,10 @@ from registry.layout import (
 from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 
 COPY_CHUNK: Final = 4 << 20
-KERNEL_STEP: Final = 256 << 20
+KERNEL_STEP: Final = 1 << 20
+"""The kernel copies this much at a time, and it is hashed from the copy's pages right
+after, while they are still in the CPU's cache: 10-15 % less CPU and time than copying a
+whole file, then hashing it (bench/README.md, `fetch_file.py`)."""
 """copy_file_range is asked for this much at a time, so a stopped fetch ends promptly."""
 
 
@@ -72,31 +75,34 @@ def _kernel_copy_hashing(
     stop: threading.Event | None = None,
 ) -> Digest | None:
     """Copy inside the kernel (copy_file_range: no user-space copy, reflinks where the file
-    system has them, in steps of KERNEL_STEP so that a stop is noticed), then hash what
-    landed in *dest* through mmap, which verifies the copy itself. None when the kernel
-    cannot copy between these files: use the read loop."""
+    system has them), KERNEL_STEP at a time, each step hashed from *dest*'s pages through
+    mmap right after it landed, which verifies the copy itself; a stop is noticed between
+    steps. None when the kernel cannot copy between these files: use the read loop."""
     size = os.fstat(source.fileno()).st_size
-    copied = 0
-    try:
+    hasher = xxhash.xxh3_128()
+    if size == 0:
+        return Digest("xxh3-128", hasher.hexdigest())
+    src, dst = source.fileno(), dest.fileno()
+    os.ftruncate(dst, size)  # the whole file is mapped before the first byte lands
+    copied = released = 0
+    with mmap.mmap(dst, size, access=mmap.ACCESS_READ) as region:
         while copied < size:
             check_stop(stop)
-            moved = os.copy_file_range(source.fileno(), dest.fileno(),
-                                       min(size - copied, KERNEL_STEP))
+            try:
+                moved = os.copy_file_range(src, dst, min(size - copied, KERNEL_STEP),
+                                           copied, copied)
+            except OSError:
+                if copied:
+                    raise
+                os.ftruncate(dst, 0)  # the read loop writes it from the start
+                return None
             if moved == 0:
-                break
+                raise OSError(f"copied {copied} of {size} bytes: the source ended early")
+            update_mapped(region, copied, copied + moved, hasher, release=False)
             copied += moved
-    except OSError:
-        if copied:
-            raise
-        return None
-    if copied != size:
-        raise OSError(f"copied {copied} of {size} bytes")
-    hasher = xxhash.xxh3_128()
-    if size:
-        with mmap.mmap(dest.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            update_mapped(mapped, 0, size, hasher)
-    if progress is not None:
-        progress(size)
+            released = release_mapped(region, released, copied, final=copied == size)
+            if progress is not None:
+                progress(moved)
     return Digest("xxh3-128", hasher.hexdigest())
 
 
