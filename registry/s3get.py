@@ -107,8 +107,9 @@ def environment_settings(endpoint_url: str | None,
     config: S3Config = {
         "access_key_id": key,
         "secret_access_key": secret,
-        "region": environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
-        or "us-east-1",
+        # botocore reads AWS_DEFAULT_REGION only (AWS_REGION is other SDKs'); with a custom
+        # endpoint and no region it signs for us-east-1, as the reader did through boto3
+        "region": environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         "endpoint": endpoint,
         "virtual_hosted_style_request": False,
     }

@@ -1,7 +1,8 @@
-"""Where fetch's ranged GETs go when no ENGINECTL_S3_ENDPOINT_URL is set: where boto3's go."""
+"""Where fetch's GETs go, signed for which region with which keys: where boto3's would go."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,9 @@ NO_CONFIG = {"AWS_CONFIG_FILE": "/nonexistent/aws-config"}
          {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1"}),
         ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_REGION": "eu-west-1",
                                    "AWS_DEFAULT_REGION": "us-west-2"},
-         {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1"}),  # AWS_REGION first
+         {"endpoint": "http://127.0.0.1:9000", "region": "us-west-2"}),  # botocore's variable
+        ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_REGION": "eu-west-1"},
+         {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1"}),  # not read by boto3
         (None, {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL_S3": "http://minio:9000",
                 "AWS_ENDPOINT_URL": "http://other:9000", "AWS_DEFAULT_REGION": "x-1"},
          {"endpoint": "http://minio:9000", "region": "x-1"}),  # boto3's own endpoint setting
@@ -95,3 +98,40 @@ def test_an_aws_config_file_sends_settings_through_boto3(tmp_path: Path) -> None
     assert environment_settings("http://127.0.0.1:9000", environ) is None
     config_file.unlink()
     assert environment_settings("http://127.0.0.1:9000", environ) is not None
+
+
+@pytest.mark.parametrize("environ", [
+    {**KEYS, **NO_CONFIG},
+    {**KEYS, **NO_CONFIG, "AWS_REGION": "eu-west-1"},
+    {**KEYS, **NO_CONFIG, "AWS_DEFAULT_REGION": "us-west-2", "AWS_REGION": "eu-west-1"},
+    {**KEYS, **NO_CONFIG, "AWS_SESSION_TOKEN": "TOKEN", "AWS_DEFAULT_REGION": "ap-south-1"},
+    {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+     "AWS_ENDPOINT_URL": "http://other:9000"},
+    {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL": "http://other:9000"},
+])
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9000", None])
+def test_what_comes_from_the_environment_is_what_boto3_resolves(
+        monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], endpoint: str | None) -> None:
+    """The shortcut must never sign for another region, reach another endpoint or use other
+    keys than boto3 would: each is checked against a real boto3 session and client."""
+    import boto3
+
+    settings = environment_settings(endpoint, environ)
+    if endpoint is None and "AWS_ENDPOINT_URL" not in environ:
+        assert settings is None  # AWS itself: boto3 asks the bucket's region
+        return
+    assert settings is not None
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    session = boto3.session.Session()
+    client = session.client("s3", endpoint_url=endpoint)
+    credentials = session.get_credentials()
+    assert credentials is not None
+    frozen = credentials.get_frozen_credentials()
+    assert settings["endpoint"] == client.meta.endpoint_url
+    assert settings["region"] == (client.meta.region_name or "us-east-1")
+    assert (settings["access_key_id"], settings["secret_access_key"]) == (
+        frozen.access_key, frozen.secret_key)
+    assert settings.get("session_token") == frozen.token
