@@ -21,6 +21,8 @@ What the store promises, and who keeps it:
   environment for a custom endpoint with no AWS config file and no profile, where boto3
   could only resolve those same keys, that endpoint and the environment's region
   (`environment_settings`).
+- TLS: the system's roots, and the CA bundle boto3 trusts (AWS_CA_BUNDLE, or `ca_bundle`
+  in the AWS config file), so an endpoint behind a private CA serves the GETs too.
 - retries: obstore retries throttling (429, 503 SlowDown), 5xx and connection errors with
   exponential backoff before a body starts; a body cut off mid-read is asked for again
   here from the byte where it stopped (`stream_retries` times).
@@ -46,7 +48,8 @@ from registry.errors import NotFoundError, StoreError
 from registry.store import check_stop
 
 if TYPE_CHECKING:
-    from obstore.store import S3Config
+    from obstore import GetResult
+    from obstore.store import ClientConfig, S3Config
     from obstore.store import S3Store as ObjectStore
 
     from registry.s3bucket import Bucket
@@ -59,9 +62,14 @@ temporary credentials 15 minutes before they expire, so these are always valid).
 
 
 def first_line(exc: BaseException) -> str:
-    """obstore's messages are Rust debug dumps over many lines; the first says what failed."""
+    """obstore's messages are Rust debug dumps over many lines; the first says what failed,
+    and what the dump says of an untrusted certificate is added, with what to do."""
     text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
+    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    if "InvalidCertificate" in text:
+        line += (" (the server's TLS certificate is not trusted here: set AWS_CA_BUNDLE to "
+                 "the PEM file of the CA that signed it)")
+    return line
 
 
 def custom_endpoint(url: str | None) -> str | None:
@@ -85,9 +93,9 @@ def environment_settings(endpoint_url: str | None,
 
     They apply only when every input boto3 would weigh is in the environment: static keys
     (botocore's first credential provider, so no file, SSO or metadata is ever asked), no
-    profile, no CA bundle for an https endpoint, no AWS config file (it could set a region,
-    an endpoint or the addressing style), and a custom endpoint (on AWS the bucket's region
-    must be asked).
+    profile, no AWS config file (it could set a region, an endpoint, a CA bundle or the
+    addressing style), and a custom endpoint (on AWS the bucket's region must be asked). A
+    CA bundle in AWS_CA_BUNDLE is the reader's to trust either way (`RangeReader._store`).
     The endpoint is enginectl's own setting, else boto3's environment variables for it."""
     key, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
     if not key or not secret:
@@ -102,8 +110,6 @@ def environment_settings(endpoint_url: str | None,
     endpoint = custom_endpoint(endpoint_url)
     if endpoint is None:
         return None
-    if endpoint.startswith("https:") and environ.get("AWS_CA_BUNDLE"):
-        return None  # boto3 trusts that bundle for the control calls; let it say so
     config: S3Config = {
         "access_key_id": key,
         "secret_access_key": secret,
@@ -136,8 +142,8 @@ class RangeReader:
     def where(self, key: str) -> str:
         return f"s3://{self.name}/{key}"
 
-    def _boto3_settings(self) -> tuple[S3Config, object]:
-        """The endpoint and region boto3 resolved, and its credential chain."""
+    def _boto3_settings(self) -> tuple[S3Config, object, str | None]:
+        """The endpoint and region boto3 resolved, its credential chain and CA bundle."""
         from obstore.auth.boto3 import Boto3CredentialProvider
 
         bucket = self._bucket()
@@ -157,27 +163,44 @@ class RangeReader:
         }
         if endpoint:
             config["endpoint"] = endpoint
-        return config, credentials
+        # AWS_CA_BUNDLE or `ca_bundle` in the AWS config file, as the control calls trust it
+        bundle = bucket.session._session.get_config_variable("ca_bundle")
+        return config, credentials, str(bundle) if bundle else None
+
+    def _certificates(self, bundle: str) -> bytes:
+        """The PEM file a private CA's certificates are in (AWS_CA_BUNDLE), for obstore to
+        trust beside the system's roots; boto3 trusts it alone, so whatever boto3 can reach
+        obstore can too."""
+        try:
+            return Path(bundle).expanduser().read_bytes()
+        except OSError as exc:
+            raise StoreError(
+                f"cannot read the CA bundle {bundle} (AWS_CA_BUNDLE or ca_bundle in the AWS "
+                f"config file): {exc.strerror or exc}",
+                url=self.store_url, operation="get_object") from exc
 
     @cached_property
     def _store(self) -> ObjectStore:
         from obstore.store import S3Store as ObjectStore
 
         config = environment_settings(self.endpoint_url)
-        credentials = None
+        credentials, bundle = None, os.environ.get("AWS_CA_BUNDLE") or None
         if config is None:
-            config, credentials = self._boto3_settings()
+            config, credentials, bundle = self._boto3_settings()
+        client_options: ClientConfig = {
+            "allow_http": True,  # only an http:// endpoint the user gave is ever http
+            "connect_timeout": timedelta(seconds=10),
+            "read_timeout": timedelta(seconds=60),  # as botocore's: no byte for 60 s
+            "timeout": timedelta(hours=1),  # a whole part, however slow the link
+            "pool_max_idle_per_host": "64",
+        }
+        if bundle and not str(config.get("endpoint", "")).startswith("http:"):
+            client_options["root_certificate"] = self._certificates(bundle)
         return ObjectStore(
             self.name,
             config=config,
             credential_provider=credentials,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": True,  # only an http:// endpoint the user gave is ever http
-                "connect_timeout": timedelta(seconds=10),
-                "read_timeout": timedelta(seconds=60),  # as botocore's: no byte for 60 s
-                "timeout": timedelta(hours=1),  # a whole part, however slow the link
-                "pool_max_idle_per_host": "64",
-            },
+            client_options=client_options,
             retry_config={
                 "max_retries": 7,  # 8 attempts, as botocore's standard mode here
                 "backoff": {"init_backoff": timedelta(milliseconds=100),
@@ -186,28 +209,36 @@ class RangeReader:
             },
         )
 
+    def _get(self, key: str, what: str, byte_range: tuple[int, int] | None = None) -> GetResult:
+        """A GET's answer, its body not yet read; obstore's failures as enginectl's."""
+        try:
+            if byte_range is None:
+                return obstore.get(self._store, key)
+            return obstore.get(self._store, key, options={"range": byte_range})
+        except FileNotFoundError as exc:  # obstore's 404 (its NotFoundError is deprecated)
+            raise NotFoundError(what, url=self.store_url, key=key) from exc
+        except (ObstoreError, ValueError) as exc:
+            raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
+                             url=self.store_url, key=key, operation="get_object") from exc
+
+    def _cut_off(self, key: str, failure: BaseException | None) -> StoreError:
+        return StoreError(
+            f"get_object {self.where(key)} failed: the body was cut off "
+            f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
+            url=self.store_url, key=key, operation="get_object")
+
     def read_all(self, key: str, what: str) -> bytes:
         """The whole of a small object (a manifest). A body cut off mid-read is asked for
         again whole; NotFoundError when there is no such key (or no such bucket: the
         caller asks boto3 which, `S3Store.get_manifest`)."""
         failure: BaseException | None = None
         for _attempt in range(self.stream_retries):
-            try:
-                result = obstore.get(self._store, key)
-            except FileNotFoundError as exc:
-                raise NotFoundError(what, url=self.store_url, key=key) from exc
-            except (ObstoreError, ValueError) as exc:
-                raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
-                                 url=self.store_url, key=key,
-                                 operation="get_object") from exc
+            result = self._get(key, what)
             try:
                 return result.bytes().to_bytes()
             except ObstoreError as exc:  # the body broke off: ask again
                 failure = exc
-        raise StoreError(
-            f"get_object {self.where(key)} failed: the body was cut off "
-            f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
-            url=self.store_url, key=key, operation="get_object") from failure
+        raise self._cut_off(key, failure) from failure
 
     def read_into(
         self,
@@ -228,16 +259,9 @@ class RangeReader:
             check_stop(stop)
             if start + done >= end:
                 break  # cut off after the last byte: nothing is left to ask for
-            try:
-                result = obstore.get(self._store, key, options={"range": (start + done, end)})
-                total = int(result.meta["size"])
-                got = tuple(result.range)
-            except FileNotFoundError as exc:  # obstore's 404 (its NotFoundError is deprecated)
-                raise NotFoundError(what, url=self.store_url, key=key) from exc
-            except (ObstoreError, ValueError) as exc:
-                raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
-                                 url=self.store_url, key=key,
-                                 operation="get_object") from exc
+            result = self._get(key, what, (start + done, end))
+            total = int(result.meta["size"])
+            got = tuple(result.range)
             if got[0] != start + done:  # misplaced bytes are worse than none
                 raise StoreError(
                     f"get_object {self.where(key)}: the server ignored the Range header",
@@ -252,9 +276,6 @@ class RangeReader:
                 continue
             return total
         else:
-            raise StoreError(
-                f"get_object {self.where(key)} failed: the body was cut off "
-                f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
-                url=self.store_url, key=key, operation="get_object") from failure
+            raise self._cut_off(key, failure) from failure
         assert total is not None  # noqa: S101 - the loop ran a GET before it could break
         return total

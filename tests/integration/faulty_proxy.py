@@ -9,16 +9,17 @@ of the body, set `holding`, then trickle one more byte every half second, so tha
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
 a PUT, set `holding` and read none of the upload until the proxy is closed).
 `ranges` records every GET's Range header, `puts` every PUT's path and headers. It runs in a
-thread on a free loopback port.
+thread on a free loopback port; given an `ssl.SSLContext` (*tls*) it answers https.
 """
 
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
 Fault = Literal["pass", "slowdown", "reset", "cut", "hold"]
@@ -29,8 +30,29 @@ SLOWDOWN = (
 )
 
 
+def _read_body(rfile: BinaryIO, length: str | None, encoding: str | None) -> bytes | None:
+    """A request's body as it came, to be forwarded as it came: by Content-Length, or the
+    raw chunks of `Transfer-Encoding: chunked` through the last one and its trailers (what
+    botocore sends over https: an aws-chunked body with its checksum in a trailer)."""
+    if "chunked" not in (encoding or "").lower():
+        size = int(length or 0)
+        return rfile.read(size) if size else None
+    raw = bytearray()
+    while True:
+        line = rfile.readline()
+        raw += line
+        size = int(line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            while (trailer := rfile.readline()) not in (b"\r\n", b"\n", b""):
+                raw += trailer
+            raw += b"\r\n"
+            return bytes(raw)
+        raw += rfile.read(size + 2)  # the chunk and its CRLF
+
+
 class FaultyProxy:
-    def __init__(self, upstream: str, plan: Callable[[int, str, str, str | None], Fault]) -> None:
+    def __init__(self, upstream: str, plan: Callable[[int, str, str, str | None], Fault],
+                 *, tls: ssl.SSLContext | None = None) -> None:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
         self.ranges: list[str | None] = []
@@ -64,8 +86,8 @@ class FaultyProxy:
                     self.close_connection = True
                     self.connection.close()
                     return
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
+                body = _read_body(self.rfile, self.headers.get("Content-Length"),
+                                  self.headers.get("Transfer-Encoding"))
                 if fault == "reset":
                     self.close_connection = True
                     self.connection.close()
@@ -114,7 +136,10 @@ class FaultyProxy:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.endpoint_url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def __enter__(self) -> FaultyProxy:

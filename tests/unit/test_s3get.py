@@ -33,6 +33,9 @@ def test_custom_endpoint(resolved: str | None, expected: str | None) -> None:
         ("Generic S3 error: Error performing GET\n  source: reqwest::Error {\n  }",
          "Generic S3 error: Error performing GET"),
         ("  one line  ", "one line"),
+        ("Generic S3 error: Error performing GET\n  error: InvalidCertificate(\n  UnknownIssuer",
+         ("Generic S3 error: Error performing GET (the server's TLS certificate is not trusted "
+          "here: set AWS_CA_BUNDLE to the PEM file of the CA that signed it)")),
         ("", "RuntimeError"),
     ],
 )
@@ -68,7 +71,8 @@ NO_CONFIG = {"AWS_CONFIG_FILE": "/nonexistent/aws-config"}
         ("http://127.0.0.1:9000", {**NO_CONFIG}, None),  # no keys: the rest of the chain
         ("http://127.0.0.1:9000", {**NO_CONFIG, "AWS_ACCESS_KEY_ID": "AKID"}, None),
         ("http://127.0.0.1:9000", {**KEYS, **NO_CONFIG, "AWS_PROFILE": "prod"}, None),
-        ("https://minio:9000", {**KEYS, **NO_CONFIG, "AWS_CA_BUNDLE": "/ca.pem"}, None),
+        ("https://minio:9000", {**KEYS, **NO_CONFIG, "AWS_CA_BUNDLE": "/ca.pem"},
+         {"endpoint": "https://minio:9000"}),  # the reader trusts the bundle itself
         (None, {**KEYS, **NO_CONFIG}, None),  # AWS itself: the bucket's region is asked
         ("https://s3.eu-west-1.amazonaws.com", {**KEYS, **NO_CONFIG}, None),
         (None, {**KEYS, **NO_CONFIG, "AWS_ENDPOINT_URL": "http://other:9000",
