@@ -116,7 +116,7 @@ def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | No
     is unmapped from this process once hashed (the page cache keeps it), so hashing a big
     file does not show up as resident memory; `release=False` leaves that to the caller
     (`release_mapped`), who hashes a file in many small steps."""
-    released = start if release and start % mmap.PAGESIZE == 0 else end
+    released = start if start % mmap.PAGESIZE == 0 else end  # unaligned: nothing released
     with memoryview(region) as view:
         for offset in range(start, end, CHUNK):
             stop = min(offset + CHUNK, end)
@@ -124,14 +124,14 @@ def update_mapped(region: mmap.mmap, start: int, end: int, *hashers: Hasher | No
                 for hasher in hashers:
                     if hasher is not None:
                         hasher.update(piece)
-            if stop - released >= RELEASE or (stop == end and released < end):
-                region.madvise(mmap.MADV_DONTNEED, released, stop - released)
-                released = stop
+            if release:
+                released = release_mapped(region, released, stop, final=stop == end)
 
 
 def release_mapped(region: mmap.mmap, released: int, hashed: int, *, final: bool) -> int:
     """Unmap the hashed pages [released, hashed) of *region* once they add up to RELEASE
-    (or at the *final* step) and return the new start of what is still mapped."""
+    (or at the *final* step) and return the new start of what is still mapped (from the
+    page *released* is in: madvise works on whole pages)."""
     released -= released % mmap.PAGESIZE
     if hashed - released >= RELEASE or (final and released < hashed):
         region.madvise(mmap.MADV_DONTNEED, released, hashed - released)

@@ -36,10 +36,10 @@ from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 
 COPY_CHUNK: Final = 4 << 20
 KERNEL_STEP: Final = 1 << 20
-"""The kernel copies this much at a time, and it is hashed from the copy's pages right
-after, while they are still in the CPU's cache: 10-15 % less CPU and time than copying a
-whole file, then hashing it (bench/README.md, `fetch_file.py`)."""
-"""copy_file_range is asked for this much at a time, so a stopped fetch ends promptly."""
+"""copy_file_range is asked for this much at a time, and it is hashed from the copy's pages
+right after, while they are still in the CPU's cache (10-15 % less CPU and time than
+copying a whole file, then hashing it: bench/README.md, `fetch_file.py`); a stopped fetch
+ends within one step."""
 
 
 def _fsync_dir(path: Path) -> None:

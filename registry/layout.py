@@ -51,6 +51,11 @@ _TIME_FORMAT: Final = "%Y%m%dT%H%M%S%fZ"
 _TOKEN: Final = re.compile(r"[0-9a-f]{32}")
 
 
+def s3_url(bucket: str, key: str) -> str:
+    """Where an object of an S3 store is, as messages name it."""
+    return f"s3://{bucket}/{key}"
+
+
 def _require(digest: Digest, algorithm: str) -> None:
     if digest.algorithm != algorithm:
         raise ValueError(f"expected a {algorithm} digest, got {digest}")

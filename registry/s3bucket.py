@@ -18,6 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
 from registry.errors import NotFoundError, RegistryError, StoreError
+from registry.layout import s3_url
 from registry.store import check_stop
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Bucket:
                    or self.client.meta.region_name or "") or None
 
     def where(self, key: str) -> str:
-        return f"s3://{self.name}/{key}"
+        return s3_url(self.name, key)
 
     def error(
         self, exc: Exception, operation: str, key: str | None, what: str | None = None

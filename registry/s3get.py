@@ -45,10 +45,12 @@ import obstore
 from obstore.exceptions import BaseError as ObstoreError
 
 from registry.errors import NotFoundError, StoreError
+from registry.layout import s3_url
 from registry.store import check_stop
 
 if TYPE_CHECKING:
     from obstore import GetResult
+    from obstore.auth.boto3 import Boto3CredentialProvider
     from obstore.store import ClientConfig, S3Config
     from obstore.store import S3Store as ObjectStore
 
@@ -140,11 +142,11 @@ class RangeReader:
         self.stream_retries = max(1, stream_retries)
 
     def where(self, key: str) -> str:
-        return f"s3://{self.name}/{key}"
+        return s3_url(self.name, key)
 
-    def _boto3_settings(self) -> tuple[S3Config, object, str | None]:
+    def _boto3_settings(self) -> tuple[S3Config, Boto3CredentialProvider, str | None]:
         """The endpoint and region boto3 resolved, its credential chain and CA bundle."""
-        from obstore.auth.boto3 import Boto3CredentialProvider
+        from obstore.auth.boto3 import Boto3CredentialProvider  # imports boto3
 
         bucket = self._bucket()
         client = bucket.client
@@ -184,7 +186,8 @@ class RangeReader:
         from obstore.store import S3Store as ObjectStore
 
         config = environment_settings(self.endpoint_url)
-        credentials, bundle = None, os.environ.get("AWS_CA_BUNDLE") or None
+        credentials: Boto3CredentialProvider | None = None
+        bundle = os.environ.get("AWS_CA_BUNDLE") or None
         if config is None:
             config, credentials, bundle = self._boto3_settings()
         client_options: ClientConfig = {
@@ -199,7 +202,7 @@ class RangeReader:
         return ObjectStore(
             self.name,
             config=config,
-            credential_provider=credentials,  # type: ignore[arg-type]
+            credential_provider=credentials,
             client_options=client_options,
             retry_config={
                 "max_retries": 7,  # 8 attempts, as botocore's standard mode here

@@ -46,6 +46,7 @@ from registry.layout import (
     manifest_key,
     parse_blob_key,
     parse_manifest_key,
+    s3_url,
 )
 from registry.ranges import pwrite_all, read_exactly, read_ranges, split
 from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
@@ -107,7 +108,7 @@ class S3Store:
         )
 
     def where(self, key: str) -> str:
-        return f"s3://{self.bucket_name}/{key}"
+        return s3_url(self.bucket_name, key)
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Multipart uploads under this store's prefix started before *before* and never
