@@ -1,5 +1,9 @@
 """GETs of blobs (ranged) and manifests through obstore (Rust `object_store`): a fetch's data path.
 
+(Over plain http a blob's body is first tried by `registry.s3splice`, which has the kernel
+move it from the socket into the file; what that does not take goes on here, from the byte
+where it stopped.)
+
 boto3 reads every body through Python socket reads (botocore, urllib3, http.client): on a
 2 GiB fetch that was ~60 % of the client's CPU and kept enginectl at a third of what the
 server could send. Here the bytes move in Rust (tokio and hyper, the GIL released while a
@@ -46,6 +50,7 @@ from obstore.exceptions import BaseError as ObstoreError
 
 from registry.errors import NotFoundError, StoreError
 from registry.layout import s3_url
+from registry.ranges import pwrite_all
 from registry.store import check_stop
 
 if TYPE_CHECKING:
@@ -55,9 +60,12 @@ if TYPE_CHECKING:
     from obstore.store import S3Store as ObjectStore
 
     from registry.s3bucket import Bucket
+    from registry.s3splice import Splicer
 
 CHUNK: Final = 1 << 20
 """The most one read hands to Python at once (it is written before the next is read)."""
+SIGNED_FOR: Final = timedelta(minutes=15)
+"""How long a presigned URL of the plain-http path stays good (each GET signs its own)."""
 CREDENTIALS_TTL: Final = timedelta(minutes=5)
 """How long obstore keeps credentials before asking boto3 again (botocore refreshes
 temporary credentials 15 minutes before they expire, so these are always valid)."""
@@ -182,14 +190,18 @@ class RangeReader:
                 url=self.store_url, operation="get_object") from exc
 
     @cached_property
+    def _settings(self) -> tuple[S3Config, Boto3CredentialProvider | None, str | None]:
+        """obstore's settings, credentials and CA bundle: the environment's, else boto3's."""
+        config = environment_settings(self.endpoint_url)
+        if config is None:
+            return self._boto3_settings()
+        return config, None, os.environ.get("AWS_CA_BUNDLE") or None
+
+    @cached_property
     def _store(self) -> ObjectStore:
         from obstore.store import S3Store as ObjectStore
 
-        config = environment_settings(self.endpoint_url)
-        credentials: Boto3CredentialProvider | None = None
-        bundle = os.environ.get("AWS_CA_BUNDLE") or None
-        if config is None:
-            config, credentials, bundle = self._boto3_settings()
+        config, credentials, bundle = self._settings
         client_options: ClientConfig = {
             "allow_http": True,  # only an http:// endpoint the user gave is ever http
             "connect_timeout": timedelta(seconds=10),
@@ -243,21 +255,38 @@ class RangeReader:
                 failure = exc
         raise self._cut_off(key, failure) from failure
 
+    @cached_property
+    def _splicer(self) -> Splicer | None:
+        """The plain-http path for blob bodies (`registry.s3splice`), where it can be used."""
+        from registry import s3splice
+
+        if not s3splice.usable(str(self._settings[0].get("endpoint", "")) or None):
+            return None
+        store = self._store
+        return s3splice.Splicer(lambda key: obstore.sign(store, "GET", key, SIGNED_FOR))
+
     def read_into(
         self,
         key: str,
         what: str,
-        write: Callable[[int, bytes], None],
+        fd: int,
         byte_range: tuple[int, int],
+        *,
         stop: threading.Event | None = None,
+        landed: Callable[[int], None] | None = None,
     ) -> int:
-        """Stream the bytes in [start, end) of *key* to `write(offset, chunk)` in chunks of
-        at most CHUNK and return the object's total size. A body cut off mid-read is asked
-        for again from the byte where it stopped. Once *stop* is set, StoppedError ends the
-        read at its next chunk."""
+        """Write the bytes in [start, end) of *key* to their offsets in *fd*, telling
+        `landed(n)` of each piece, and return the object's total size. Over plain http the
+        kernel splices the body into the file (`registry.s3splice`); otherwise, and from
+        wherever that stops, obstore streams it in chunks of at most CHUNK. A body cut off
+        mid-read is asked for again from the byte where it stopped. Once *stop* is set,
+        StoppedError ends the read at its next chunk."""
         start, end = byte_range
         done, failure = 0, None
         total: int | None = None
+        splicer = self._splicer
+        if splicer is not None and splicer.on:
+            done, total = splicer.get(key, fd, byte_range, stop=stop, landed=landed or _ignore)
         for _attempt in range(self.stream_retries):
             check_stop(stop)
             if start + done >= end:
@@ -272,13 +301,19 @@ class RangeReader:
             try:
                 for chunk in result.stream(min_chunk_size=CHUNK):
                     check_stop(stop)
-                    write(start + done, chunk)
+                    pwrite_all(fd, chunk, start + done)
                     done += len(chunk)
+                    if landed is not None:
+                        landed(len(chunk))
             except ObstoreError as exc:  # the body broke off: ask for the rest
                 failure = exc
                 continue
             return total
         else:
             raise self._cut_off(key, failure) from failure
-        assert total is not None  # noqa: S101 - the loop ran a GET before it could break
+        assert total is not None  # noqa: S101 - a GET ran before the loop could break
         return total
+
+
+def _ignore(_n: int) -> None:
+    pass

@@ -48,7 +48,7 @@ from registry.layout import (
     parse_manifest_key,
     s3_url,
 )
-from registry.ranges import pwrite_all, read_exactly, read_ranges, split
+from registry.ranges import read_exactly, read_ranges, split
 from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 from registry.workers import Workers
 
@@ -302,14 +302,14 @@ class S3Store:
         def fetch(start: int, end: int) -> None:
             written = 0
 
-            def write(offset: int, chunk: bytes) -> None:
+            def landed(n: int) -> None:
                 nonlocal written
-                pwrite_all(fd, chunk, offset)
                 if progress is not None:
-                    progress(len(chunk))
-                written += len(chunk)
+                    progress(n)
+                written += n
 
-            seen_total = self._reader.read_into(key, what, write, (start, end), stop)
+            seen_total = self._reader.read_into(key, what, fd, (start, end), stop=stop,
+                                                 landed=landed)
             if seen_total != total:
                 raise IntegrityError(self.where(key), expected=digest, actual=None,
                                      detail=f"{seen_total} bytes where {total} are expected")

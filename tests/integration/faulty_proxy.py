@@ -2,13 +2,15 @@
 
 `FaultyProxy(upstream, plan)` answers the n-th request with what
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
-"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "reset"
+"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
+(403 AccessDenied, what S3 says to a request it will not take), "reset"
 (close the connection without an answer), "cut" (forward it, then send the headers and
 only the first half of the body, and close) or "hold" (send the headers and the first half
 of the body, set `holding`, then trickle one more byte every half second, so that no read
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
 a PUT, set `holding` and read none of the upload until the proxy is closed).
-`ranges` records every GET's Range header, `puts` every PUT's path and headers. It runs in a
+`ranges` records every GET's Range header, `gets` every GET's path (with its query) and
+Range header, `puts` every PUT's path and headers. It runs in a
 thread on a free loopback port; given an `ssl.SSLContext` (*tls*) it answers https.
 """
 
@@ -22,11 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "slowdown", "reset", "cut", "hold"]
+Fault = Literal["pass", "slowdown", "forbidden", "reset", "cut", "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
     b"<RequestId>FAULTYPROXY</RequestId></Error>"
+)
+FORBIDDEN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message><RequestId>FAULTYPROXY</RequestId></Error>"
 )
 
 
@@ -56,6 +62,7 @@ class FaultyProxy:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
         self.ranges: list[str | None] = []
+        self.gets: list[tuple[str, str | None]] = []
         self.puts: list[tuple[str, dict[str, str]]] = []
         self.holding = threading.Event()
         """Set once a "hold" answer has sent half its body and is stalling."""
@@ -77,6 +84,7 @@ class FaultyProxy:
                     proxy.faults.append(fault)
                     if self.command == "GET":
                         proxy.ranges.append(self.headers.get("Range"))
+                        proxy.gets.append((self.path, self.headers.get("Range")))
                     if self.command == "PUT":
                         proxy.puts.append((self.path, {k.lower(): v
                                                        for k, v in self.headers.items()}))
@@ -92,12 +100,13 @@ class FaultyProxy:
                     self.close_connection = True
                     self.connection.close()
                     return
-                if fault == "slowdown":
-                    self.send_response(503)
+                if fault in ("slowdown", "forbidden"):
+                    status, answer = (503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOWDOWN)))
+                    self.send_header("Content-Length", str(len(answer)))
                     self.end_headers()
-                    self.wfile.write(SLOWDOWN)
+                    self.wfile.write(answer)
                     return
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}

@@ -1,0 +1,174 @@
+"""Fetch's plain-http path (`registry.s3splice`): blob bodies spliced from the socket into the
+file, and everything it does not take handed to obstore's GETs, through the faulty proxy in
+front of the real S3 test server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from registry.adopt import import_artifact
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.fetch import fetch
+from registry.s3splice import _Answer, _read_head, usable
+from tests.integration.faulty_proxy import Fault, FaultyProxy
+from tests.integration.s3server import S3Server
+from tests.integration.test_registry_verbs import engine_spec, make_engine
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux's")
+
+
+def _context(tmp_path: Path, store_url: str, endpoint: str, cache: str) -> Context:
+    return Context(RegistryConfig(
+        home=tmp_path, store_url=store_url, s3_endpoint_url=endpoint,
+        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / cache))
+
+
+def _presigned(path: str) -> bool:
+    return "X-Amz-Signature=" in path
+
+
+def _publish(tmp_path: Path, s3_server: S3Server, store_url: str) -> tuple[Path, str]:
+    engine = make_engine(tmp_path / "engine")
+    (engine / "rank1.engine").write_bytes(os.urandom(40 << 20))  # three 16 MiB parts
+    context = _context(tmp_path, store_url, s3_server.endpoint_url, "cache0")
+    published = import_artifact(context, engine, engine_spec())
+    context.close()
+    return engine, published.digest
+
+
+def _same_files(engine: Path, out: Path) -> bool:
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    return files(engine) == files(out)
+
+
+@pytest.mark.parametrize("splice", ["1", "0"])
+def test_blob_bodies_over_http_are_spliced_unless_turned_off(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    splice: str,
+) -> None:
+    """Over http every ranged GET of a blob is a presigned request of the splice path, and
+    what lands is verified and identical; ENGINECTL_S3_SPLICE=0 sends them all through
+    obstore (its requests are signed in headers, not in the query)."""
+    monkeypatch.setenv("ENGINECTL_S3_SPLICE", splice)
+    store_url = f"s3://{s3_bucket}/splice"
+    engine, digest = _publish(tmp_path, s3_server, store_url)
+    with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
+        context = _context(tmp_path, store_url, proxy.endpoint_url, "cache")
+        fetched = fetch(context, digest, tmp_path / "out", verify="strict")
+        context.close()
+    ranged = [path for path, wanted in proxy.gets if wanted]
+    assert len(ranged) >= 3 + len(fetched.manifest.files) - 1
+    assert all(_presigned(path) == (splice == "1") for path in ranged)
+    assert _same_files(engine, tmp_path / "out")
+
+
+def test_a_throttled_spliced_get_is_retried_by_obstore_and_the_path_stays_on(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+) -> None:
+    """A 503 SlowDown to a spliced GET: obstore asks again (with backoff) and gets the part;
+    throttling says nothing against the path, so the GETs after it are spliced again."""
+    store_url = f"s3://{s3_bucket}/throttled"
+    engine, digest = _publish(tmp_path, s3_server, store_url)
+    throttled: list[str] = []
+
+    def plan(_n: int, method: str, path: str, wanted: str | None) -> Fault:
+        if method == "GET" and wanted and _presigned(path) and not throttled:
+            throttled.append(path)
+            return "slowdown"
+        return "pass"
+
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        context = _context(tmp_path, store_url, proxy.endpoint_url, "cache")
+        context.store.download_threads = 1  # type: ignore[attr-defined] # one GET at a time
+        fetch(context, digest, tmp_path / "out")
+        context.close()
+    ranged = [(path, wanted) for path, wanted in proxy.gets if wanted]
+    first = next(i for i, (path, _) in enumerate(ranged) if path == throttled[0])
+    assert not _presigned(ranged[first + 1][0])  # obstore's retry of the same range
+    assert ranged[first + 1][1] == ranged[first][1]
+    assert any(_presigned(path) for path, _ in ranged[first + 2:])  # still on
+    assert _same_files(engine, tmp_path / "out")
+
+
+def test_a_refused_spliced_get_turns_the_path_off_and_obstore_fetches(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+) -> None:
+    """A server that refuses the presigned GETs (403) while it serves obstore's: the fetch
+    still lands whole and verified, and after the first refusal no GET tries the path."""
+    store_url = f"s3://{s3_bucket}/refused"
+    engine, digest = _publish(tmp_path, s3_server, store_url)
+
+    def plan(_n: int, method: str, path: str, _wanted: str | None) -> Fault:
+        return "forbidden" if method == "GET" and _presigned(path) else "pass"
+
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        context = _context(tmp_path, store_url, proxy.endpoint_url, "cache")
+        context.store.download_threads = 1  # type: ignore[attr-defined] # one GET at a time
+        fetch(context, digest, tmp_path / "out")
+        context.close()
+    assert proxy.faults.count("forbidden") == 1
+    assert _same_files(engine, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "environ", "expected"),
+    [
+        ("http://minio.internal:9000", {}, True),
+        ("https://minio.internal:9000", {}, False),  # TLS is decrypted in user space
+        (None, {}, False),  # AWS itself: https
+        ("http://minio.internal:9000", {"ENGINECTL_S3_SPLICE": "0"}, False),
+        ("http://minio.internal:9000", {"ENGINECTL_S3_SPLICE": "1"}, True),
+        ("http://minio.internal:9000", {"HTTP_PROXY": "http://proxy:3128"}, False),
+        ("http://minio.internal:9000", {"http_proxy": "http://proxy:3128"}, False),
+        ("http://minio.internal:9000", {"ALL_PROXY": "socks5://proxy:1080"}, False),
+    ],
+)
+def test_where_the_path_is_used(endpoint: str | None, environ: dict[str, str],
+                                expected: bool) -> None:
+    assert usable(endpoint, environ) is expected
+
+
+def test_the_head_is_read_off_the_socket_and_the_body_left_on_it() -> None:
+    """A head that arrives in pieces (the blank line split across two sends) is read whole,
+    and not one byte of the body after it is taken: the kernel splices all of it."""
+    ours, theirs = socket.socketpair()
+    head = (b"HTTP/1.1 206 Partial Content\r\nContent-Length: 5\r\n"
+            b"Content-Range: bytes 10-14/100\r\n\r\n")
+    sender = threading.Thread(target=lambda: (theirs.sendall(head[:-3]),
+                                              theirs.sendall(head[-3:] + b"hello")))
+    sender.start()
+    try:
+        got = _read_head(ours)
+        sender.join()
+        assert got == head
+        assert ours.recv(100) == b"hello"
+        answer = _Answer(got)
+        assert answer.status == 206
+        assert answer.body_range() == (10, 15, 100)
+        assert answer.headers["content-length"] == "5"
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize(
+    ("content_range", "expected"),
+    [
+        ("bytes 0-15/16", (0, 16, 16)),
+        ("bytes 0-15/*", None),  # size unknown: not S3's answer to a ranged GET
+        ("items 0-15/16", None),
+        ("bytes */16", None),
+        ("", None),
+    ],
+)
+def test_content_range(content_range: str, expected: tuple[int, int, int] | None) -> None:
+    head = f"HTTP/1.1 206 Partial Content\r\nContent-Range: {content_range}\r\n\r\n".encode()
+    assert _Answer(head).body_range() == expected
