@@ -8,6 +8,8 @@ registry in a temp dir). Then, in interleaved rounds (median of ROUNDS), wall cl
   (a)  `enginectl fetch DIGEST -o DIR`, fetch cache emptied first (downloads + xxh3
        verification while streaming), as a user runs it (whole process)
   (a') the same through `registry.fetch.fetch` in this process (no start-up cost)
+  (a0) (a) with ENGINECTL_S3_SPLICE=0: the bodies through obstore, not spliced by the
+       kernel (`registry.s3splice`), to see what that path is worth in the same run
   (b)  `aws s3 cp --recursive` of the 8 blob objects (awscli v1)
   (c)  boto3 `download_file` with default TransferConfig, the 8 objects one after another
   (c') the same, 8 threads (one object each)
@@ -173,6 +175,8 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             ("(a) enginectl fetch, cold cache", "a",
              lambda dest: run_measured([*cli, str(dest)], env)),
             ("(a') fetch() in process, cold cache", "a2", in_process),
+            ("(a0) enginectl fetch, SPLICE=0", "a0",
+             lambda dest: run_measured([*cli, str(dest)], {**env, "ENGINECTL_S3_SPLICE": "0"})),
         ]
         if aws is not None:
             cases.append(("(b) aws s3 cp --recursive", "b", lambda dest: run_measured(
@@ -200,7 +204,7 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             for name, label, case in cases:
                 log(f"round {i + 1}/{args.rounds}: {name} (load {loadavg()})")
                 dest = tmp / f"out-{label}-{i}"
-                if label in ("a", "a2"):
+                if label in ("a", "a2", "a0"):
                     rmtree(tmp / "cache")
                 os.sync()  # the last run's dirty pages are not this run's cost
                 before = process_cpu(server.process.pid)
