@@ -8,8 +8,9 @@
   so a Ctrl-C'd publish could not stop.)
 - Every blob is read as ranged GETs of `download_part_size` (a small blob is one), run on
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
-  the file at its offset in 1 MiB chunks, and the parts are hashed from the file's pages in
-  order as they complete, so verification overlaps the download and memory stays flat.
+  the file at its offset (over plain http spliced there by the kernel, `registry.s3splice`;
+  else in 1 MiB chunks), and the parts are hashed from the file's pages in order as they
+  complete, so verification overlaps the download and memory stays flat.
   The GETs (blobs and manifests) go through obstore (`registry.s3get`: bytes move in Rust,
   not in Python socket reads); everything else goes through boto3 (`registry.s3bucket`),
   imported on the first such call, so a fetch whose credentials are in the environment
@@ -48,7 +49,7 @@ from registry.layout import (
     parse_manifest_key,
     s3_url,
 )
-from registry.ranges import read_exactly, read_ranges, split
+from registry.ranges import PartBuffers, read_exactly_into, read_ranges, split
 from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
 from registry.workers import Workers
 
@@ -217,6 +218,11 @@ class S3Store:
         waits for a part still in flight."""
         return Workers(self.upload_threads, name="s3-put")
 
+    @cached_property
+    def _part_buffers(self) -> PartBuffers:
+        """One reused buffer per part in flight, freed when no upload is (`PartBuffers`)."""
+        return PartBuffers(self.upload_part_size)
+
     def _multipart(self, key: str, fd: int, size: int, progress: Progress | None,
                    stop: threading.Event | None) -> None:
         """One multipart upload with a CRC32 checksum per part (S3 checks each), parts read
@@ -229,11 +235,14 @@ class S3Store:
 
         def send(number: int, start: int, end: int) -> dict[str, Any]:
             check_stop(stop)
-            data = read_exactly(fd, start, end - start)
-            answer = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
-                                        PartNumber=number, Body=data, ChecksumAlgorithm="CRC32")
+            with self._part_buffers.lend(end - start) as data:
+                read_exactly_into(fd, start, data)
+                # botocore takes a bytearray as a blob (validate.py); its stubs say bytes
+                answer = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
+                                            PartNumber=number, Body=data,  # type: ignore[arg-type]
+                                            ChecksumAlgorithm="CRC32")
             if progress is not None:
-                progress(len(data))
+                progress(end - start)
             part: dict[str, Any] = {"PartNumber": number, "ETag": answer["ETag"]}
             if "ChecksumCRC32" in answer:  # S3 checked it; a server that ignores flexible
                 part["ChecksumCRC32"] = answer["ChecksumCRC32"]  # checksums (s3rver) omits it

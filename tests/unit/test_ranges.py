@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.ranges import pwrite_all, read_ranges, split
+from registry.ranges import PartBuffers, pwrite_all, read_exactly_into, read_ranges, split
 
 
 @pytest.mark.parametrize(("size", "part", "threads", "window"), [
@@ -73,3 +73,33 @@ def test_a_failed_fetch_is_raised_after_the_running_ones_end() -> None:
 def test_split_refuses_a_zero_part_size() -> None:
     with pytest.raises(ValueError, match="positive"):
         split(0, 10, 0)
+
+
+def test_part_buffers_are_reused_while_uploads_are_in_flight_and_freed_after() -> None:
+    pool = PartBuffers(8)
+    with pool.lend(8) as first:
+        with pool.lend(8) as second:
+            assert second is not first  # one buffer per part in flight
+        with pool.lend(8) as third:
+            assert third is second  # given back while another part is in flight: reused
+        with pool.lend(3) as short:  # a blob's last part: its own exact size, never pooled
+            assert len(short) == 3
+        with pool.lend(8) as fourth:
+            assert fourth is second
+    with pool.lend(8) as after:  # nothing in flight in between: the pool was emptied
+        assert after is not first
+        assert after is not second
+
+
+def test_read_exactly_into_fills_the_buffer_or_says_the_file_is_short(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(10)))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buffer = bytearray(4)
+        read_exactly_into(fd, 3, buffer)
+        assert buffer == bytes([3, 4, 5, 6])
+        with pytest.raises(OSError, match="ended at byte 10, 2 short"):
+            read_exactly_into(fd, 8, buffer)
+    finally:
+        os.close(fd)
