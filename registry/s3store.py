@@ -69,9 +69,11 @@ HEAD_AT_MOST: Final = 3
 class S3Store:
     """A store under `s3://bucket/prefix`; safe to share between threads.
 
-    Defaults are tuned for throughput on one host (DOWNLOAD_THREADS ranged reads of 16 MiB
+    Defaults are tuned for throughput on one host (DOWNLOAD_THREADS ranged reads of 32 MiB
     parts in flight for the whole store, 8 × 64 MiB upload parts); pass smaller numbers to
-    be gentler on a small server."""
+    be gentler on a small server. Each GET costs the server a request: against s3rver,
+    32 MiB parts took 15 % less server CPU than 16 MiB ones for the same bytes and were
+    faster in every round (bench/README.md); s5cmd asks for 50 MiB."""
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class S3Store:
         endpoint_url: str | None = None,
         upload_part_size: int = 64 * MiB,
         upload_threads: int = 8,
-        download_part_size: int = 16 * MiB,
+        download_part_size: int = 32 * MiB,
         download_threads: int = DOWNLOAD_THREADS,
         stream_retries: int = 5,
     ) -> None:

@@ -35,7 +35,7 @@ def _presigned(path: str) -> bool:
 
 def _publish(tmp_path: Path, s3_server: S3Server, store_url: str) -> tuple[Path, str]:
     engine = make_engine(tmp_path / "engine")
-    (engine / "rank1.engine").write_bytes(os.urandom(40 << 20))  # three 16 MiB parts
+    (engine / "rank1.engine").write_bytes(os.urandom(40 << 20))  # parts of 16 MiB below
     context = _context(tmp_path, store_url, s3_server.endpoint_url, "cache0")
     published = import_artifact(context, engine, engine_spec())
     context.close()
@@ -62,6 +62,7 @@ def test_blob_bodies_over_http_are_spliced_unless_turned_off(
     engine, digest = _publish(tmp_path, s3_server, store_url)
     with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
         context = _context(tmp_path, store_url, proxy.endpoint_url, "cache")
+        context.store.download_part_size = 16 << 20  # type: ignore[attr-defined] # 3 of 40 MiB
         fetched = fetch(context, digest, tmp_path / "out", verify="strict")
         context.close()
     ranged = [path for path, wanted in proxy.gets if wanted]

@@ -79,7 +79,7 @@ def make_blob(folder: Path, size: int, name: str | None = None) -> Blob:
 
 @pytest.fixture(scope="module")
 def large_blob(tmp_path_factory: pytest.TempPathFactory) -> Blob:
-    """Above the 64 MiB multipart threshold and several 16 MiB download parts."""
+    """Above the 64 MiB multipart threshold and several 32 MiB download parts."""
     return make_blob(tmp_path_factory.mktemp("large"), 70 * MiB + 12345)
 
 
