@@ -167,7 +167,7 @@ def _answers(port: int) -> bool:
 
 @dataclass
 class S3Server:
-    kind: str  # "s3rver" or "moto"
+    kind: str  # "s3rver", "moto" or "sink"
     endpoint_url: str
     env: dict[str, str]  # the whole environment a client process should get
     process: subprocess.Popen[bytes]
@@ -208,11 +208,15 @@ def client_env(access_key: str, secret: str, home: Path) -> dict[str, str]:
 @contextlib.contextmanager
 def s3_server(workdir: Path, *, prefer: str = "s3rver") -> Iterator[S3Server]:
     """s3rver on a free loopback port storing under *workdir*; moto when s3rver is missing
-    (or *prefer* is "moto"). Killed with its process group when the block ends."""
+    (or *prefer* is "moto"); bench/s3sink.py when *prefer* is "sink". Killed with its
+    process group when the block ends."""
     port = free_port()
     binary = s3rver_bin() if prefer == "s3rver" else None
     logfile = (workdir / f"s3-{port}.log").open("wb")
-    if binary is not None:
+    if prefer == "sink":  # bench/s3sink.py: big bodies thrown away, nearly free per byte
+        kind, keys = "sink", ("SINK", "SINK")
+        argv = [sys.executable, str(ROOT / "bench" / "s3sink.py"), "--port", str(port)]
+    elif binary is not None:
         kind, keys = "s3rver", ("S3RVER", "S3RVER")
         argv = [str(binary), "--directory", str(workdir / "s3data"), "--address", "127.0.0.1",
                 "--port", str(port), "--silent"]

@@ -5,8 +5,11 @@ interleaved rounds (median of ROUNDS), each case in its own process (wall, clien
 peak RSS of that process, start-up included; the server's CPU beside it), every case writing
 all objects into files and checking their xxh3-128:
 
-  ours-obstore   enginectl's S3Store download path as shipped: one pool of ranged GETs of
-                 16 MiB through obstore, streamed to file offsets, hashed in order from mmap
+  ours-splice    enginectl's S3Store download path as shipped over http: one pool of ranged
+                 GETs of 16 MiB, each body spliced by the kernel from the socket to its file
+                 offset (`registry.s3splice`), hashed in order from mmap
+  ours-obstore   the same with ENGINECTL_S3_SPLICE=0: obstore streams the bodies in 1 MiB
+                 chunks that Python writes (what https always takes)
   ours-boto3     the same path with boto3 moving the bytes (what enginectl did before)
   crt-onbody     awscrt's S3Client (aws-cli v2's and s3transfer's CRT engine): one meta
                  request per object, its own ranged parts, bytes delivered in order to a
@@ -51,8 +54,8 @@ from _support import (
     write_random,
 )
 
-CASES = ("ours-obstore", "ours-boto3", "crt-onbody", "crt-file", "obstore-raw", "s5cmd",
-         "ceiling")
+CASES = ("ours-splice", "ours-obstore", "ours-boto3", "crt-onbody", "crt-file", "obstore-raw",
+         "s5cmd", "ceiling")
 
 
 def xxh3_of(path: Path) -> str:
@@ -62,13 +65,32 @@ def xxh3_of(path: Path) -> str:
         return str(xxhash.xxh3_128(m).hexdigest())
 
 
+class Boto3Reader:
+    """`RangeReader.read_into` with boto3's streaming read (`Bucket.read_into`, what the
+    reader replaced) moving the bytes."""
+
+    def __init__(self, bucket: Any) -> None:
+        self.bucket = bucket
+
+    def read_into(self, key: str, what: str, fd: int, byte_range: tuple[int, int], *,
+                  stop: Any = None, landed: Callable[[int], None] | None = None) -> int:
+        from registry.ranges import pwrite_all
+
+        def write(offset: int, chunk: bytes) -> None:
+            pwrite_all(fd, chunk, offset)
+            if landed is not None:
+                landed(len(chunk))
+
+        return int(self.bucket.read_into(key, what, write, byte_range, stop))
+
+
 def ours(job: dict[str, Any], out: Path, *, boto3_bytes: bool) -> None:
     from registry.digest import Digest
     from registry.s3store import S3Store
 
     store = S3Store(job["bucket"], endpoint_url=job["endpoint"])
-    if boto3_bytes:  # Bucket.read_into is the boto3 streaming read the reader replaced
-        store.__dict__["_reader"] = store.bucket
+    if boto3_bytes:
+        store.__dict__["_reader"] = Boto3Reader(store.bucket)
 
     def one(key: str) -> None:
         fd = os.open(out / key, os.O_RDWR | os.O_CREAT, 0o644)
@@ -150,6 +172,7 @@ def obstore_raw(job: dict[str, Any], out: Path) -> None:
 def child(job: dict[str, Any], case: str, out: Path) -> None:
     out.mkdir()
     runners: dict[str, Callable[[], None]] = {
+        "ours-splice": lambda: ours(job, out, boto3_bytes=False),
         "ours-obstore": lambda: ours(job, out, boto3_bytes=False),
         "ours-boto3": lambda: ours(job, out, boto3_bytes=True),
         "crt-onbody": lambda: crt(job, out, to_file=False),
@@ -209,8 +232,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
                           "'/dev/null',u]) for u in sys.argv[1:]];"
                           "sys.exit(max(p.wait() for p in ps))")
                 return run_measured([sys.executable, "-c", script, *urls], env)
+            splice = {"ENGINECTL_S3_SPLICE": "1" if case == "ours-splice" else "0"}
             return run_measured([sys.executable, __file__, "--case", case, "--job",
-                                 json.dumps(job), "--out", str(out)], env)
+                                 json.dumps(job), "--out", str(out)], {**env, **splice})
 
         if s5cmd is None:
             cases.remove("s5cmd")
@@ -230,9 +254,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
                 server_cpu[case].append(process_cpu(server.process.pid) - before)
                 rmtree(out)
         total = size * len(keys)
-        base = median([x.seconds for x in samples["ours-obstore"]])
+        base = median([x.seconds for x in samples["ours-splice"]])
         print(f"\n{len(keys)} × {args.file_mib} MiB; median of {args.rounds} rounds; each case "
-              f"a process (start-up included); ratio = time / time of ours-obstore; load "
+              f"a process (start-up included); ratio = time / time of ours-splice; load "
               f"average at the starts {loads[0]} … {loads[-1]}, at the end {loadavg()}\n")
         print(f"{'case':<13} {'median s':>8} {'MB/s':>5} {'ratio':>5} {'CPU s':>5} "
               f"{'server':>6} {'peak RSS':>9}  runs (s)")
