@@ -67,6 +67,7 @@ class _Connection:
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
+        self.read_end = self.write_end = -1  # set before anything can fail: close() reads them
         self.sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
         try:
             self.sock.settimeout(None)  # blocking, so that splice waits; SO_RCVTIMEO bounds it
@@ -85,7 +86,8 @@ class _Connection:
 
     def close(self) -> None:
         """Idempotent: the pipe's descriptors are closed once (their numbers may be reused)."""
-        self.sock.close()
+        if hasattr(self, "sock"):  # not when connecting failed
+            self.sock.close()
         fds, self.read_end, self.write_end = (self.read_end, self.write_end), -1, -1
         for fd in fds:
             if fd >= 0:
