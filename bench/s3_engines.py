@@ -6,8 +6,8 @@ peak RSS of that process, start-up included; the server's CPU beside it), every 
 all objects into files and checking their xxh3-128:
 
   ours-splice    enginectl's S3Store download path as shipped over http: one pool of ranged
-                 GETs of `download_part_size` (32 MiB), each body spliced by the kernel from the socket to its file
-                 offset (`registry.s3splice`), hashed in order from mmap
+                 GETs of `download_part_size` (32 MiB), each body spliced by the kernel from
+                 the socket to its file offset (`registry.s3splice`), hashed in order from mmap
   ours-obstore   the same with ENGINECTL_S3_SPLICE=0: obstore streams the bodies in 1 MiB
                  chunks that Python writes (what https always takes)
   ours-boto3     the same path with boto3 moving the bytes (what enginectl did before)
