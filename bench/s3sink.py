@@ -48,9 +48,10 @@ class Sink:
         self.uploads: dict[str, dict[int, int]] = {}  # upload id → part number → size
 
 
-def _xml(tag: str, inner: str) -> bytes:
-    return (f'<?xml version="1.0" encoding="UTF-8"?>'
-            f'<{tag} xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{inner}</{tag}>').encode()
+def _xml(tag: str, inner: str, *, namespace: bool = True) -> bytes:
+    """An S3 answer's XML document (S3's error documents carry no namespace)."""
+    xmlns = ' xmlns="http://s3.amazonaws.com/doc/2006-03-01/"' if namespace else ""
+    return f'<?xml version="1.0" encoding="UTF-8"?><{tag}{xmlns}>{inner}</{tag}>'.encode()
 
 
 def handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
@@ -74,8 +75,7 @@ def handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, status: int, code: str) -> None:
             self._answer(status, _xml("Error", f"<Code>{code}</Code><Message>{code}</Message>"
-                                      "<RequestId>SINK</RequestId>").replace(
-                b' xmlns="http://s3.amazonaws.com/doc/2006-03-01/"', b""))
+                                      "<RequestId>SINK</RequestId>", namespace=False))
 
         def _body(self) -> tuple[int, bytes | None, str]:
             """Read the request's body: its size, its bytes when small, an ETag."""

@@ -84,7 +84,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
         (tiny / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
         (tiny / "weights.bin").write_bytes(os.urandom(1000))
 
-        def ours(i: int, source: Path = source, *, measure: bool = True) -> Sample:
+        def importing(i: int, source: Path) -> tuple[list[str], dict[str, str], Path]:
+            """The import command, its environment and its home, for round *i*."""
             home = tmp / f"home-{source.name}-{i}"
             env = dict(server.env)
             # a new bucket each round: s3rver 3.7.1 fails a one-key LIST (the bucket check
@@ -94,21 +95,24 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
                        ENGINECTL_S3_ENDPOINT_URL=server.endpoint_url,
                        ENGINECTL_REGISTRY_URL=f"sqlite:///{home / 'registry.db'}",
                        ENGINECTL_CACHE_DIR=str(tmp / f"cache-{source.name}-{i}"))
-            if measure:  # a registry that has been used, as on a builder: no migrations
-                home.mkdir()
-                shutil.copy(registry, home / "registry.db")
             argv = [ENGINECTL, "-q", "import", str(source), "--kind", "vllm", "--model",
                     "bench", "--json"]
-            if not measure:
-                subprocess.run(argv, env=env, check=True, capture_output=True)
-                return Sample(0.0, 0.0)
-            return run_measured(argv, env)
+            return argv, env, home
 
-        first = tmp / "first"  # made (and migrated) once, copied into every round's home
+        # one registry made (and migrated) before the rounds, copied into every round's home:
+        # a registry that has been used, as on a builder, so no round runs the migrations
+        first = tmp / "first"
         first.mkdir()
         (first / "config.json").write_text("{}")
-        ours(0, first, measure=False)
-        registry = tmp / "home-first-0" / "registry.db"
+        argv, env, home = importing(0, first)
+        subprocess.run(argv, env=env, check=True, capture_output=True)
+        registry = home / "registry.db"
+
+        def ours(i: int, source: Path = source) -> Sample:
+            argv, env, home = importing(i, source)
+            home.mkdir()
+            shutil.copy(registry, home / "registry.db")
+            return run_measured(argv, env)
 
         cases = [("(a) enginectl import (hashing included)", ours)]
         if s5cmd is not None:

@@ -284,9 +284,10 @@ class RangeReader:
         start, end = byte_range
         done, failure = 0, None
         total: int | None = None
+        landed = landed or _ignore
         splicer = self._splicer
         if splicer is not None and splicer.on:
-            done, total = splicer.get(key, fd, byte_range, stop=stop, landed=landed or _ignore)
+            done, total = splicer.get(key, fd, byte_range, stop=stop, landed=landed)
         for _attempt in range(self.stream_retries):
             check_stop(stop)
             if start + done >= end:
@@ -303,8 +304,7 @@ class RangeReader:
                     check_stop(stop)
                     pwrite_all(fd, chunk, start + done)
                     done += len(chunk)
-                    if landed is not None:
-                        landed(len(chunk))
+                    landed(len(chunk))
             except ObstoreError as exc:  # the body broke off: ask for the rest
                 failure = exc
                 continue

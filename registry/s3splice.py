@@ -45,10 +45,9 @@ READ_TIMEOUT: Final = 60
 """Seconds with no byte before a body is given up (botocore's read timeout)."""
 F_SETPIPE_SZ: Final = 1031  # fcntl.h; Python's fcntl module names it from 3.10 on Linux
 PROXY_VARIABLES: Final = ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-RETRYABLE: Final = frozenset({429, 500, 502, 503, 504})
-"""Statuses obstore retries: the server will answer later, so this path stays on."""
-KEPT: Final = frozenset({206, 404, *RETRYABLE})
-"""Statuses that say nothing against these requests; any other turns the path off."""
+KEPT: Final = frozenset({206, 404, 429, 500, 502, 503, 504})
+"""Statuses that say nothing against these requests (a missing key, or ones obstore retries:
+the server will answer later); any other turns the path off."""
 
 
 def usable(endpoint: str | None, environ: Mapping[str, str] = os.environ) -> bool:
@@ -149,12 +148,6 @@ class Splicer:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self.on = True
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
 
     def _connection(self, host: str, port: int) -> tuple[_Connection, bool]:
         """An idle connection to host:port (True: it was used before), else a new one."""

@@ -61,7 +61,6 @@ class FaultyProxy:
                  *, tls: ssl.SSLContext | None = None) -> None:
         target = urlsplit(upstream)
         self.faults: list[Fault] = []
-        self.ranges: list[str | None] = []
         self.gets: list[tuple[str, str | None]] = []
         self.puts: list[tuple[str, dict[str, str]]] = []
         self.holding = threading.Event()
@@ -83,7 +82,6 @@ class FaultyProxy:
                                  self.headers.get("Range"))
                     proxy.faults.append(fault)
                     if self.command == "GET":
-                        proxy.ranges.append(self.headers.get("Range"))
                         proxy.gets.append((self.path, self.headers.get("Range")))
                     if self.command == "PUT":
                         proxy.puts.append((self.path, {k.lower(): v
@@ -150,6 +148,11 @@ class FaultyProxy:
         scheme = "https" if tls is not None else "http"
         self.endpoint_url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def ranges(self) -> list[str | None]:
+        """Every GET's Range header, in the order the GETs came."""
+        return [wanted for _path, wanted in self.gets]
 
     def __enter__(self) -> FaultyProxy:
         self._thread.start()
