@@ -115,7 +115,9 @@ class FaultyProxy:
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's Content-Length is the object's size, not the (empty) body's
+                self.send_header("Content-Length", answer.getheader("Content-Length", "0")
+                                 if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
                 if fault == "cut" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
