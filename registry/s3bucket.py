@@ -57,7 +57,10 @@ class Bucket:
         # body; over plain http no GET body is signed either, so such an endpoint belongs
         # on a trusted network whichever way uploads are signed.
         # S3-compatible servers rarely resolve virtual-hosted bucket names: path style there
+        # SigV4 said outright over plain http: that is the only place parts are sent from
+        # presigned URLs (registry.s3sendfile), and botocore presigns with SigV2 unless told
         config = Config(
+            signature_version="s3v4" if (endpoint_url or "").startswith("http://") else None,
             retries={"mode": "standard", "max_attempts": 8},
             max_pool_connections=pool_connections,
             connect_timeout=10,
@@ -72,6 +75,15 @@ class Bucket:
         self.client: S3Client = self.session.client("s3", endpoint_url=endpoint_url,
                                                     config=config)
         self._seen = False
+
+    def presign_part(self, key: str, upload_id: str, number: int, crc: str,
+                     seconds: int) -> str:
+        """A URL that PUTs part *number* of the multipart upload *upload_id* of *key* for
+        *seconds*, with its CRC32 *crc* a signed header (`x-amz-checksum-crc32`)."""
+        return self.client.generate_presigned_url(
+            "upload_part", ExpiresIn=seconds,
+            Params={"Bucket": self.name, "Key": key, "UploadId": upload_id,
+                    "PartNumber": number, "ChecksumCRC32": crc})
 
     def region(self) -> str | None:
         """The bucket's own region, from a HEAD bucket (AWS answers it from any region);

@@ -61,10 +61,11 @@ def usable(endpoint: str | None, environ: Mapping[str, str] = os.environ) -> boo
     )
 
 
-class _Connection:
-    """One kept-alive HTTP/1.1 connection and the pipe its bodies pass through."""
+class Connection:
+    """One kept-alive HTTP/1.1 connection and (unless *pipe* is False) the pipe its bodies
+    pass through."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, pipe: bool = True) -> None:
         self.host, self.port = host, port
         self.read_end = self.write_end = -1  # set before anything can fail: close() reads them
         self.sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
@@ -74,14 +75,16 @@ class _Connection:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.read_end, self.write_end = os.pipe()
+            if pipe:
+                self.read_end, self.write_end = os.pipe()
         except BaseException:
             self.sock.close()
             raise
-        with contextlib.suppress(OSError):  # a smaller pipe only means more calls
-            import fcntl
+        if pipe:
+            with contextlib.suppress(OSError):  # a smaller pipe only means more calls
+                import fcntl
 
-            fcntl.fcntl(self.write_end, F_SETPIPE_SZ, PIPE_BYTES)
+                fcntl.fcntl(self.write_end, F_SETPIPE_SZ, PIPE_BYTES)
 
     def close(self) -> None:
         """Idempotent: the pipe's descriptors are closed once (their numbers may be reused)."""
@@ -97,7 +100,7 @@ class _Connection:
         self.close()
 
 
-class _Answer:
+class Answer:
     """The status line and headers of a response, read off the socket and no further."""
 
     def __init__(self, head: bytes) -> None:
@@ -121,7 +124,7 @@ class _Answer:
         return int(first), int(last) + 1, int(total)
 
 
-def _read_head(sock: socket.socket) -> bytes | None:
+def read_head(sock: socket.socket) -> bytes | None:
     """The response's head up to its blank line, taking no byte of the body off the socket
     (peeked, then only the head consumed); None when the connection ends first."""
     head = b""
@@ -138,6 +141,31 @@ def _read_head(sock: socket.socket) -> bytes | None:
     return None
 
 
+class Connections:
+    """Connections kept between requests (closed when collected); thread-safe."""
+
+    def __init__(self, *, pipe: bool) -> None:
+        self._pipe = pipe
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+
+    def take(self, host: str, port: int) -> tuple[Connection, bool]:
+        """An idle connection to host:port (True: it was used before), else a new one."""
+        with self._lock:
+            for i, connection in enumerate(self._idle):
+                if (connection.host, connection.port) == (host, port):
+                    return self._idle.pop(i), True
+        return Connection(host, port, pipe=self._pipe), False
+
+    def give_back(self, connection: Connection, answer: Answer) -> None:
+        """Keep *connection* for the next request unless *answer* said it closes."""
+        if answer.headers.get("connection", "").lower() == "close":
+            connection.close()
+        else:
+            with self._lock:
+                self._idle.append(connection)
+
+
 class Splicer:
     """Ranged GETs spliced into files, on connections kept between GETs; thread-safe.
 
@@ -145,17 +173,8 @@ class Splicer:
 
     def __init__(self, sign: Callable[[str], str]) -> None:
         self._sign = sign
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
+        self._connections = Connections(pipe=True)
         self.on = True
-
-    def _connection(self, host: str, port: int) -> tuple[_Connection, bool]:
-        """An idle connection to host:port (True: it was used before), else a new one."""
-        with self._lock:
-            for i, connection in enumerate(self._idle):
-                if (connection.host, connection.port) == (host, port):
-                    return self._idle.pop(i), True
-        return _Connection(host, port), False
 
     def get(self, key: str, fd: int, byte_range: tuple[int, int], *,
             stop: threading.Event | None, landed: Callable[[int], None]) -> tuple[int, int | None]:
@@ -174,12 +193,12 @@ class Splicer:
         for _attempt in range(2):  # a kept connection the server has since closed: once more
             check_stop(stop)
             try:
-                connection, reused = self._connection(host, port)
+                connection, reused = self._connections.take(host, port)
             except OSError:
                 return 0, None
             try:
                 connection.sock.sendall(request)
-                head = _read_head(connection.sock)
+                head = read_head(connection.sock)
             except OSError:
                 head = None
             if head is None:
@@ -187,11 +206,11 @@ class Splicer:
                 if reused:
                     continue
                 return 0, None
-            return self._body(connection, _Answer(head), fd, byte_range, stop=stop,
+            return self._body(connection, Answer(head), fd, byte_range, stop=stop,
                               landed=landed)
         return 0, None
 
-    def _body(self, connection: _Connection, answer: _Answer, fd: int,
+    def _body(self, connection: Connection, answer: Answer, fd: int,
               byte_range: tuple[int, int], *, stop: threading.Event | None,
               landed: Callable[[int], None]) -> tuple[int, int | None]:
         start, end = byte_range
@@ -219,14 +238,10 @@ class Splicer:
         except BaseException:
             connection.close()
             raise
-        if answer.headers.get("connection", "").lower() == "close":
-            connection.close()
-        else:
-            with self._lock:
-                self._idle.append(connection)
+        self._connections.give_back(connection, answer)
         return done, span[2]
 
-    def _to_file(self, connection: _Connection, fd: int, offset: int, size: int,
+    def _to_file(self, connection: Connection, fd: int, offset: int, size: int,
                  landed: Callable[[int], None]) -> int:
         """Move *size* bytes from the connection's pipe to *fd* at *offset*. A file system
         that takes no splice (EINVAL) gets them copied, and the path turns itself off; any

@@ -56,12 +56,15 @@ from registry.workers import Workers
 if TYPE_CHECKING:
     from registry.s3bucket import Bucket
     from registry.s3get import RangeReader
+    from registry.s3sendfile import Sender
 
 MiB: Final = 1 << 20
 DOWNLOAD_THREADS: Final = min(64, max(8, 4 * (os.cpu_count() or 2)))
 """Ranged GETs in flight for a whole fetch: each costs CPU in the client (2 vCPUs carried
 more with 8 than with 16 against a local server, bench/README.md), and one S3 connection
 carries ~100 MB/s, so a node with more cores keeps more in flight."""
+PRESIGNED_FOR: Final = 15 * 60
+"""Seconds a part's presigned PUT is good for (it is sent at once)."""
 HEAD_AT_MOST: Final = 3
 """Per shard: up to this many wanted blobs are HEADed; more are found with one LIST."""
 
@@ -225,6 +228,30 @@ class S3Store:
         """One reused buffer per part in flight, freed when no upload is (`PartBuffers`)."""
         return PartBuffers(self.upload_part_size)
 
+    @cached_property
+    def _sender(self) -> Sender | None:
+        """The plain-http path for part bodies (`registry.s3sendfile`), where it can be used."""
+        from registry import s3sendfile, s3splice
+
+        return s3sendfile.Sender() if s3splice.usable(self.endpoint_url) else None
+
+    def _send_from_file(self, key: str, upload_id: str, number: int, fd: int,
+                        byte_range: tuple[int, int], *,
+                        stop: threading.Event | None) -> dict[str, str] | None:
+        """The part sent by the kernel from the file; None when that path is off or the
+        attempt did not get through (boto3 then sends it, and reports what went wrong)."""
+        sender = self._sender
+        if sender is None or not sender.on:
+            return None
+        from registry.s3sendfile import crc32_of
+
+        try:
+            crc = crc32_of(fd, byte_range)
+        except (OSError, EOFError):
+            return None  # boto3's read of the part says what is wrong with the file
+        url = self.bucket.presign_part(key, upload_id, number, crc, PRESIGNED_FOR)
+        return sender.put(url, fd, byte_range, crc, stop=stop)
+
     def _multipart(self, key: str, fd: int, size: int, progress: Progress | None,
                    stop: threading.Event | None) -> None:
         """One multipart upload with a CRC32 checksum per part (S3 checks each), parts read
@@ -237,12 +264,15 @@ class S3Store:
 
         def send(number: int, start: int, end: int) -> dict[str, Any]:
             check_stop(stop)
-            with self._part_buffers.lend(end - start) as data:
-                read_exactly_into(fd, start, data)
-                # botocore takes a bytearray as a blob (validate.py); its stubs say bytes
-                answer = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
-                                            PartNumber=number, Body=data,  # type: ignore[arg-type]
-                                            ChecksumAlgorithm="CRC32")
+            answer: Mapping[str, Any] | None = self._send_from_file(
+                key, upload_id, number, fd, (start, end), stop=stop)
+            if answer is None:
+                with self._part_buffers.lend(end - start) as data:
+                    read_exactly_into(fd, start, data)
+                    # botocore takes a bytearray as a blob (validate.py); its stubs say bytes
+                    answer = client.upload_part(
+                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                        Body=data, ChecksumAlgorithm="CRC32")  # type: ignore[arg-type]
             if progress is not None:
                 progress(end - start)
             part: dict[str, Any] = {"PartNumber": number, "ETag": answer["ETag"]}

@@ -549,13 +549,16 @@ def test_transient_s3_errors_are_retried(
 
 
 def test_uploads_carry_a_checked_crc32_and_leave_the_body_out_of_the_signature(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every PUT of a publish (single objects and multipart parts) sends a CRC32 that S3
-    checks, signed as a header, and `UNSIGNED-PAYLOAD` for the body, so botocore does not
-    sha256 each part again (the blob's own digest is what every fetch verifies); what
-    lands is the artifact, byte for byte."""
+    """Every PUT boto3 sends for a publish (single objects and multipart parts) carries a
+    CRC32 that S3 checks, signed as a header, and `UNSIGNED-PAYLOAD` for the body, so
+    botocore does not sha256 each part again (the blob's own digest is what every fetch
+    verifies); what lands is the artifact, byte for byte. (Parts are boto3's here as over
+    https; over plain http they are sent from the file, test_s3_sendfile.py.)"""
     from tests.integration.faulty_proxy import FaultyProxy
+
+    monkeypatch.setenv("ENGINECTL_S3_SPLICE", "0")
 
     engine = make_engine(tmp_path / "engine")
     (engine / "rank1.engine").write_bytes(os.urandom(12 << 20))  # a multipart upload

@@ -15,7 +15,7 @@ from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.fetch import fetch
-from registry.s3splice import _Answer, _read_head, usable
+from registry.s3splice import Answer, read_head, usable
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
 from tests.integration.test_registry_verbs import engine_spec, make_engine
@@ -147,11 +147,11 @@ def test_the_head_is_read_off_the_socket_and_the_body_left_on_it() -> None:
                                               theirs.sendall(head[-3:] + b"hello")))
     sender.start()
     try:
-        got = _read_head(ours)
+        got = read_head(ours)
         sender.join()
         assert got == head
         assert ours.recv(100) == b"hello"
-        answer = _Answer(got)
+        answer = Answer(got)
         assert answer.status == 206
         assert answer.body_range() == (10, 15, 100)
         assert answer.headers["content-length"] == "5"
@@ -172,4 +172,4 @@ def test_the_head_is_read_off_the_socket_and_the_body_left_on_it() -> None:
 )
 def test_content_range(content_range: str, expected: tuple[int, int, int] | None) -> None:
     head = f"HTTP/1.1 206 Partial Content\r\nContent-Range: {content_range}\r\n\r\n".encode()
-    assert _Answer(head).body_range() == expected
+    assert Answer(head).body_range() == expected
