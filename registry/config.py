@@ -7,7 +7,9 @@
                               http(s)://host[:port]; credentials and region come from the
                               standard AWS variables/profiles
     ENGINECTL_S3_SPLICE       0: over plain http, fetch's GETs go through obstore instead of
-                              the kernel splicing their bodies into the file (s3splice)
+                              the kernel splicing their bodies into the file (s3splice),
+                              and publish's parts through boto3 instead of the kernel
+                              sending them from the file (s3sendfile)
     ENGINECTL_REGISTRY_URL    SQLAlchemy URL (default: sqlite:///<home>/registry.db);
                               PostgreSQL: postgresql+psycopg://user@host/db
     ENGINECTL_CACHE_DIR       fetch cache keyed by file digest (default: $XDG_CACHE_HOME/

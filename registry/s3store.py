@@ -2,7 +2,9 @@
 
 - A blob below `upload_part_size` is one PUT; a larger one is a multipart upload whose parts
   run on one pool of `upload_threads` shared by all the blobs of a publish, each part read
-  from the file only when it is sent; every PUT carries a CRC32 checksum that S3 checks, and
+  from the file only when it is sent (over plain http sent by the kernel from the file,
+  `registry.s3sendfile`; else read into a reused buffer for boto3); every PUT carries a
+  CRC32 checksum that S3 checks, and
   manifests carry their own sha256 as the checksum, so S3 checks their digest too. (Not
   s3transfer's manager: its threads hold the process until every part in flight is sent,
   so a Ctrl-C'd publish could not stop.)
