@@ -87,6 +87,9 @@ class Sender:
                 self._send_body(connection.sock.fileno(), fd, byte_range, stop)
                 sent = True
                 head = read_head(connection.sock)
+            except (BrokenPipeError, ConnectionResetError):
+                self._refused_early(connection)
+                head = None
             except (OSError, EOFError):  # EOFError: the file is shorter than it was
                 head = None
             except BaseException:
@@ -99,6 +102,16 @@ class Sender:
                 return None
             return self._answer(connection, Answer(head))
         return None
+
+    def _refused_early(self, connection: Connection) -> None:
+        """A server that answered before it took the body (S3 does, refusing a request)
+        and closed: an answer that says it will not take these PUTs turns the path off."""
+        try:
+            head = read_head(connection.sock)  # the connection is closed: this cannot wait
+        except OSError:
+            return
+        if head is not None and Answer(head).status not in KEPT:
+            self.on = False
 
     @staticmethod
     def _send_body(sock: int, fd: int, byte_range: tuple[int, int],

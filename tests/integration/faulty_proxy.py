@@ -3,7 +3,8 @@
 `FaultyProxy(upstream, plan)` answers the n-th request with what
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
 "pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
-(403 AccessDenied, what S3 says to a request it will not take), "reset"
+(403 AccessDenied, what S3 says to a request it will not take), "refuse" (the same 403
+sent before reading any of the body, then the connection closed), "reset"
 (close the connection without an answer), "cut" (forward it, then send the headers and
 only the first half of the body, and close) or "hold" (send the headers and the first half
 of the body, set `holding`, then trickle one more byte every half second, so that no read
@@ -24,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "slowdown", "forbidden", "reset", "cut", "hold"]
+Fault = Literal["pass", "slowdown", "forbidden", "refuse", "reset", "cut", "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -76,6 +77,25 @@ class FaultyProxy:
             def log_message(self, format: str, *args: object) -> None:
                 del format, args
 
+            def _before_body(self, fault: Fault) -> bool:
+                """The faults that read none of the request's body; True: it was one."""
+                if fault == "hold" and self.command == "PUT":  # stop reading the upload
+                    proxy.holding.set()
+                    proxy.released.wait()
+                elif fault == "refuse":  # answer at once, read none of the body, hang up
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(FORBIDDEN)))
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(FORBIDDEN)
+                    self.wfile.flush()
+                else:
+                    return False
+                self.close_connection = True
+                self.connection.close()
+                return True
+
             def _handle(self) -> None:
                 with lock:
                     fault = plan(len(proxy.faults), self.command, self.path,
@@ -86,11 +106,7 @@ class FaultyProxy:
                     if self.command == "PUT":
                         proxy.puts.append((self.path, {k.lower(): v
                                                        for k, v in self.headers.items()}))
-                if fault == "hold" and self.command == "PUT":  # stop reading the upload
-                    proxy.holding.set()
-                    proxy.released.wait()
-                    self.close_connection = True
-                    self.connection.close()
+                if self._before_body(fault):
                     return
                 body = _read_body(self.rfile, self.headers.get("Content-Length"),
                                   self.headers.get("Transfer-Encoding"))

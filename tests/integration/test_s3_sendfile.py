@@ -120,13 +120,14 @@ def test_a_throttled_part_is_sent_by_boto3_and_the_path_stays_on(
     assert _landed(tmp_path, engine)
 
 
-@pytest.mark.parametrize("fault", ["forbidden", "reset"])
+@pytest.mark.parametrize("fault", ["forbidden", "refuse", "reset"])
 def test_a_refused_or_reset_part_is_sent_by_boto3(
     s3_bucket: str, s3_server: S3Server, tmp_path: Path, fault: Fault,
 ) -> None:
-    """A server that refuses presigned PUTs (403) while it takes boto3's: the part goes
-    through boto3 and the path is off for the rest. A connection reset mid-part: boto3 sends
-    that part, and the path stays on (a reset says nothing against it)."""
+    """A server that refuses presigned PUTs (403, after the body or before reading any of
+    it) while it takes boto3's: the part goes through boto3 and the path is off for the
+    rest. A connection reset: boto3 sends that part, and the path stays on (a reset says
+    nothing against it)."""
     engine, key = _engine(tmp_path)
 
     def plan(_n: int, method: str, path: str, _range: str | None) -> Fault:
