@@ -133,7 +133,7 @@ class Sender:
         etag = answer.headers.get("etag")
         if answer.status != 200 or etag is None or not length.isdigit() \
                 or int(length) > ANSWER_LIMIT or "transfer-encoding" in answer.headers:
-            if answer.status not in KEPT or answer.status in (200, 206):
+            if answer.status == 206 or answer.status not in KEPT:  # 200: a malformed one
                 self.on = False  # the server does not take these requests as boto3's
             connection.close()
             return None

@@ -77,18 +77,23 @@ class FaultyProxy:
             def log_message(self, format: str, *args: object) -> None:
                 del format, args
 
+            def _error(self, status: int, document: bytes, *, close: bool = False) -> None:
+                """S3's error answer: *status* and its XML *document*."""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(document)))
+                if close:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(document)
+
             def _before_body(self, fault: Fault) -> bool:
                 """The faults that read none of the request's body; True: it was one."""
                 if fault == "hold" and self.command == "PUT":  # stop reading the upload
                     proxy.holding.set()
                     proxy.released.wait()
                 elif fault == "refuse":  # answer at once, read none of the body, hang up
-                    self.send_response(403)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(FORBIDDEN)))
-                    self.send_header("Connection", "close")
-                    self.end_headers()
-                    self.wfile.write(FORBIDDEN)
+                    self._error(403, FORBIDDEN, close=True)
                     self.wfile.flush()
                 else:
                     return False
@@ -115,12 +120,7 @@ class FaultyProxy:
                     self.connection.close()
                     return
                 if fault in ("slowdown", "forbidden"):
-                    status, answer = (503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(answer)))
-                    self.end_headers()
-                    self.wfile.write(answer)
+                    self._error(*((503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)))
                     return
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
