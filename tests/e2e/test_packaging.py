@@ -1,39 +1,112 @@
-"""The wheel a deploy node installs must carry the migrations: without them the first write
-to a registry (import, tag, build) fails with "enginectl's migrations are missing"."""
+"""What a scheduler installs is what these tests run: a wheel built from the files a clean clone
+has (git's files, never the checkout's build leftovers), installed non-editable in a
+fresh virtualenv, its `enginectl` run from a directory that is not the checkout.
+
+An editable install hid a missing package once (`enginectl nightly --help` ended in
+`ModuleNotFoundError: pipeline.nightly` from the wheel): nothing here may import the checkout.
+The fresh venv gets its third-party packages from the test's own environment through a `.pth`
+line (paths added that way are plain entries, so the editable install's own `.pth` finder in
+that directory is never run), which keeps the test offline and fast.
+"""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
+
+from tests.helpers import ROOT
 
 
-def test_the_wheel_ships_the_migrations_and_a_fresh_registry_migrates_from_it(
-    tmp_path: Path,
-) -> None:
-    source = tmp_path / "source"  # built from a copy: a build leaves build/ and egg-info behind
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    for name in ("pipeline", "registry", "migrations"):
-        shutil.copytree(REPO / name, source / name,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+def _tracked(*paths: str) -> list[str]:
+    """The files a clean clone holds once the working tree is committed (tracked, or new and
+    not ignored), under *paths*."""
+    argv = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *paths]
+    done = subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, text=True)
+    return [name for name in done.stdout.split("\0") if name]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the wheel, the fresh venv it is installed in)."""
+    top = tmp_path_factory.mktemp("wheel")
+    source = top / "clone"
+    for name in _tracked():  # what a clean clone holds, as the working tree has it now
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", str(source), "-w", str(tmp_path / "dist")],
+                    "--quiet", str(source), "-w", str(top / "dist")],
                    check=True, capture_output=True, timeout=300)
-    (wheel,) = (tmp_path / "dist").glob("enginectl-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    versions = sorted(p.name for p in (REPO / "migrations" / "versions").glob("*.py"))
-    assert {"registry/migrations/env.py", "registry/migrations/script.py.mako"} <= names
-    assert {f"registry/migrations/versions/{v}" for v in versions} <= names
+    (wheel,) = (top / "dist").glob("enginectl-*.whl")
+    venv = top / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                    "--no-deps", "--no-index", "--quiet", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    site = Path(subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip())
+    (site / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return wheel, venv
 
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True, timeout=300)
+
+def test_the_wheel_holds_every_module_and_the_migrations(installed: tuple[Path, Path]) -> None:
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {name for name in _tracked("pipeline", "registry") if name.endswith(".py")}
+    assert modules - names == set()
+    migrations = {f"registry/{name}" for name in _tracked("migrations")}
+    assert {"registry/migrations/env.py", "registry/migrations/script.py.mako"} <= migrations
+    assert migrations - names == set()
+    assert {"pipeline/py.typed", "registry/py.typed"} <= names
+
+
+def _enginectl(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    home = cwd / "home"
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(home),
+        "ENGINECTL_HOME": str(home / "enginectl"), "HF_HUB_OFFLINE": "1", "LANG": "C.UTF-8",
+    }
+    return subprocess.run([str(venv / "bin" / "enginectl"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_installed_wheel_runs_from_outside_the_checkout(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, venv = installed
+    recipes = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes)
+    recipe = str(recipes / "llama70b-h100.yaml")
+
+    located = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import pipeline, registry; "
+         "print(pipeline.__file__); print(registry.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    for path in located.stdout.split():
+        assert path.startswith(str(venv)), path  # the wheel's modules, never the checkout's
+
+    for args in (("--help",), ("nightly", "--help"), ("plan", recipe, "--json"),
+                 ("db", "upgrade"), ("info",), ("ls",), ("nightly", "--dry-run", recipe)):
+        done = _enginectl(venv, tmp_path, *args)
+        output = done.stdout + done.stderr
+        assert "Traceback" not in output, (args, output)
+        assert "ModuleNotFoundError" not in output, (args, output)
+        assert done.returncode == 0, (args, output)
+
+
+def test_a_fresh_registry_migrates_from_the_installed_wheel(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, venv = installed
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     script = (
         "import sys, registry.db as db\n"
@@ -41,8 +114,8 @@ def test_the_wheel_ships_the_migrations_and_a_fresh_registry_migrates_from_it(
         "db.open_registry(sys.argv[2]).close()\n"
         "print(db.current(sys.argv[2]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(target), url], cwd=tmp_path,
-                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", script, str(venv), url],
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, check=True, timeout=120)
     from registry.db import HEAD
 
