@@ -87,10 +87,10 @@ def test_the_installed_wheel_runs_from_outside_the_checkout(
     shutil.copytree(ROOT / "recipes", recipes)
     recipe = str(recipes / "llama70b-h100.yaml")
 
-    located = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import pipeline, registry; "
-         "print(pipeline.__file__); print(registry.__file__)"],
-        cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    script = "import pipeline, registry; print(pipeline.__file__); print(registry.__file__)"
+    located = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=tmp_path,
+                             capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin"})
     for path in located.stdout.split():
         assert path.startswith(str(venv)), path  # the wheel's modules, never the checkout's
 
