@@ -4,7 +4,8 @@
                    max_input_len=..., price_per_hour=..., log_path=...)
 
 The server runs from its manifest's argv template (`{model_dir}` and `{port}` filled in here) on
-a free loopback port, in its own process group, logging to *log_path*. It is ready when a real
+a free loopback port, in its own process group started by the process runner (whose guard
+ends it with enginectl, even on `kill -9`), logging to *log_path*. It is ready when a real
 generation succeeds (a 200 from /health alone proves nothing). Then: /v1/models names the model;
 greedy completions return exactly `max_tokens` tokens; a chat completion through the chat
 template says something; a streamed completion gives the time to first token; a prompt just
@@ -25,9 +26,7 @@ import contextlib
 import math
 import os
 import re
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from pipeline.executors.runner import log_tail
+from pipeline.executors.runner import Process, log_tail, start_process
 from pipeline.loadgen import (
     TRANSPORT_ERRORS,
     Check,
@@ -52,7 +51,6 @@ HOST: Final = "127.0.0.1"
 # SIGKILL the whole group (which frees GPU memory as surely). vLLM's CPU build takes ~2 s to
 # exit on SIGTERM, which would otherwise be most of a smoke run's own overhead.
 STOP_GRACE_S: Final = 1.0
-REAP_TIMEOUT_S: Final = 10.0  # for killed grandchildren to be reaped by init
 READY_POLL_S: Final = 0.5
 # Answers that are neither a success nor "503 still loading" before readiness gives up: a server
 # that is up but cannot generate (healthy, then fails its first request) is not waited out.
@@ -91,8 +89,10 @@ def stop_all() -> None:
 
 
 class Server:
-    """A server process in its own process group, logging to *log_path*; a context manager
-    that always stops the whole group on exit. *env* adds to (overrides) os.environ."""
+    """A server process in its own process group, logging to *log_path*, started and stopped
+    through the process runner (so it dies with enginectl, even on SIGKILL); a context
+    manager that always stops the whole group on exit. *env* adds to (overrides)
+    os.environ."""
 
     def __init__(self, argv: Sequence[str], *, log_path: Path,
                  env: Mapping[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> None:
@@ -101,42 +101,32 @@ class Server:
         self.env = dict(env or {})
         self.grace_s = grace_s
         self.started_at = 0.0
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._process: Process | None = None
         self._stopped = False
         self._stop_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
         """The leader's pid, which is also the group's id."""
-        if self._proc is None:
+        if self._process is None:
             raise RuntimeError("the server has not been started")
-        return self._proc.pid
+        return self._process.pid
 
     def start(self) -> None:
         """Start the process; OSError when it cannot be (no such program)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"$ {' '.join(self.argv)}\n".encode())
-            log.flush()
-            self.started_at = time.monotonic()
-            self._proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True,
-            )
+        self._process = start_process(self.argv, log_path=self.log_path,
+                                      env={**os.environ, **self.env})
+        self.started_at = self._process.started_at
         with _live_lock:
             _live.add(self)
 
     def poll(self) -> int | None:
         """The exit code once the leader has exited, else None."""
-        return None if self._proc is None else self._proc.poll()
+        return None if self._process is None else self._process.poll()
 
     def wait(self, timeout_s: float) -> int | None:
         """Wait up to *timeout_s* for the leader to exit; its exit code, or None."""
-        if self._proc is None:
-            return None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(max(0.0, timeout_s))
-        return self._proc.poll()
+        return None if self._process is None else self._process.wait(timeout_s)
 
     def log_tail(self, lines: int = 30) -> str:
         return log_tail(self.log_path, lines)
@@ -155,25 +145,20 @@ class Server:
         return None
 
     def stop(self) -> None:
-        """SIGTERM the group, wait up to grace_s for the leader, SIGKILL what is left. The
-        SIGKILL is sent even when the wait is interrupted (a second Ctrl-C). Once only: the
-        group id may belong to someone else afterwards."""
-        proc = self._proc
+        """Stop the whole group (the runner's `stop_group`: SIGTERM, SIGKILL after grace_s)
+        and note it in the log. Once only."""
+        process = self._process
         with self._stop_lock:
-            if proc is None or self._stopped:
+            if process is None or self._stopped:
                 return
             self._stopped = True
         try:
-            _signal_group(proc.pid, signal.SIGTERM)
-            self.wait(self.grace_s)
+            code = process.stop(self.grace_s)
         finally:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-            _wait_group_gone(proc.pid, REAP_TIMEOUT_S)
             with _live_lock:
                 _live.discard(self)
-            with contextlib.suppress(OSError), self.log_path.open("ab") as log:
-                log.write(f"\nenginectl: server stopped (exit code {proc.returncode})\n".encode())
+        with contextlib.suppress(OSError), self.log_path.open("ab") as log:
+            log.write(f"\nenginectl: server stopped (exit code {code})\n".encode())
 
     def __enter__(self) -> Server:
         self.start()
@@ -182,43 +167,6 @@ class Server:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _group_running(pgid: int) -> bool:
-    """Whether a process of the group is still running. Zombies do not count: they hold no
-    memory, GPU or port, and init reaps killed grandchildren when it gets round to it (seconds,
-    in some containers). Without /proc, any member counts."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    """Poll until no process of the group is left running; give up quietly after
-    *timeout_s*."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _group_running(pgid):
-        time.sleep(0.05)
 
 
 # --- readiness --------------------------------------------------------------------------------

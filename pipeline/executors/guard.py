@@ -2,11 +2,12 @@
 
     python -I -S guard.py PARENT_PID PROGRAM [ARG ...]
 
-The process runner starts every stage child (trtllm-build, the quantizer, convert) through
-this supervisor. Without it, a builder killed with `kill -9` leaves its child running in the
-child's own session (the runner gives each child a process group, so that a timeout or
-Ctrl-C can stop the whole tree): a builder that takes the lease over then runs a second
-build of the same key beside the orphan, on the same GPU.
+The process runner starts every child (trtllm-build, the quantizer, convert, smoke and `serve`
+servers, probes) through this supervisor. Without it, a builder killed with `kill -9` leaves
+its child running in the child's own session (the runner gives each child a process group, so
+that a timeout or Ctrl-C can stop the whole tree): a builder that takes the lease over then
+runs a second build of the same key beside the orphan, on the same GPU, and a smoke server
+keeps its port and memory for ever.
 
 Why a supervisor process and not `preexec_fn`: the runner is called from the executor's
 threads, and `preexec_fn` is not safe with threads in the parent (the child may deadlock on
@@ -29,15 +30,27 @@ import ctypes
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported at run time: the guard starts quickly
+    from collections.abc import Callable
+    from types import FrameType
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PARENT_DIED = signal.SIGUSR1
 CANNOT_START = 127
 
 
-def _group_dies(_signum: int, _frame: object) -> None:
-    """The parent is gone: stop the whole process group, this guard included."""
-    os.killpg(0, signal.SIGKILL)
+def _group_dies(parent: int) -> Callable[[int, FrameType | None], None]:
+    """The handler of PARENT_DIED: when the parent is gone, stop the whole process group,
+    this guard included. The same signal sent to the group by someone else (`serve` passes
+    SIGUSR1 on to its server's group) finds the parent alive and is ignored."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        if os.getppid() != parent:
+            os.killpg(0, signal.SIGKILL)
+
+    return handler
 
 
 def _exit_like(status: int) -> None:
@@ -53,7 +66,7 @@ def _exit_like(status: int) -> None:
 
 def main(argv: list[str]) -> None:
     parent, program = int(argv[1]), argv[2:]
-    signal.signal(PARENT_DIED, _group_dies)
+    signal.signal(PARENT_DIED, _group_dies(parent))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(PARENT_DIED), 0, 0, 0) != 0:
         print(f"enginectl guard: prctl failed: {os.strerror(ctypes.get_errno())}",
@@ -68,9 +81,11 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             print(f"cannot start {program[0]}: {exc}", file=sys.stderr, flush=True)
         os._exit(CANNOT_START)
-    # The runner stops a run by signalling the whole group, which reaches the program
-    # directly: the guard itself waits for the program and reports how it ended.
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # The runner stops a run by signalling the whole group, and `serve` passes the signals it
+    # gets on to its server's group: either reaches the program directly. The guard itself
+    # waits for the program and reports how it ended.
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                   signal.SIGUSR2):
         signal.signal(number, signal.SIG_IGN)
     _, status = os.waitpid(child, 0)
     _exit_like(status)
