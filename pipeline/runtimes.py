@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from pipeline.executors.runner import capture
 
 PROBE_TIMEOUT_S: Final = 30.0
 _VLLM_SCRIPT: Final = (
@@ -56,11 +57,10 @@ def vllm_in(python: str) -> VllmProbe:
     if found is None:
         return VllmProbe(python, None, None, f"vLLM's Python {python!r} is not found; "
                          f"{INSTALL_HINT}")
-    try:
-        done = subprocess.run([found, "-c", _VLLM_SCRIPT], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return VllmProbe(python, found, None, f"vLLM's Python {python!r} cannot be run: {exc}")
+    done = capture([found, "-c", _VLLM_SCRIPT], timeout_s=PROBE_TIMEOUT_S)
+    if done.timed_out:
+        return VllmProbe(python, found, None, f"vLLM's Python {python!r} cannot be run: no "
+                         f"answer in {PROBE_TIMEOUT_S:g} s")
     answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
     if not answer:
         tail = " ".join(done.stderr.split())[-200:]

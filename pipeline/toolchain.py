@@ -131,8 +131,9 @@ _VERSIONS_SCRIPT: Final = (
 
 def _package_versions(python: str) -> dict[str, str | None]:
     import json
-    import subprocess
     import sys
+
+    from pipeline.executors.runner import capture
 
     if python == sys.executable:  # the default: ask this interpreter, no subprocess
         from importlib import metadata
@@ -144,11 +145,12 @@ def _package_versions(python: str) -> dict[str, str | None]:
             except metadata.PackageNotFoundError:
                 found_here[part] = None
         return found_here
+    done = capture([python, "-c", _VERSIONS_SCRIPT, *PACKAGES.values()], timeout_s=60)
+    if not done.ok:
+        return dict.fromkeys(PACKAGES)
     try:
-        done = subprocess.run([python, "-c", _VERSIONS_SCRIPT, *PACKAGES.values()],
-                              capture_output=True, text=True, timeout=60, check=True)
         found: dict[str, str | None] = json.loads(done.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except ValueError:
         return dict.fromkeys(PACKAGES)
     # local build tags (2.13.0+cpu) do not change what a stage produces
     return {part: (found.get(dist) or "").split("+")[0] or None for part, dist in PACKAGES.items()}
@@ -158,23 +160,48 @@ def _nvidia_smi() -> tuple[str | None, str | None, str | None, int]:
     """(GPU name, driver, CUDA version, count) from nvidia-smi, or Nones without a GPU."""
     import re
     import shutil
-    import subprocess
+
+    from pipeline.executors.runner import capture
 
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None, None, None, 0
-    try:
-        query = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30, check=True).stdout
-        banner = subprocess.run([smi], capture_output=True, text=True, timeout=30,
-                                check=False).stdout
-    except (OSError, subprocess.SubprocessError):
+    done = capture([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                   timeout_s=30)
+    if not done.ok:
         return None, None, None, 0
+    query, banner = done.stdout, capture([smi], timeout_s=30).stdout
     rows = [line.split(",") for line in query.splitlines() if line.strip()]
     if not rows:
         return None, None, None, 0
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", banner)
     return rows[0][0].strip(), rows[0][1].strip(), cuda.group(1) if cuda else None, len(rows)
+
+
+def local_gpu() -> tuple[GpuSpec, int]:
+    """This machine's GPU (through the catalog) and how many it has, from nvidia-smi, for
+    `--gpu auto`; UsageError (naming --gpu SKU as the way out) when it cannot say."""
+    import shutil
+
+    from pipeline.executors.runner import capture
+    from registry.gpus import UnknownGpuError, lookup_gpu
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise UsageError("--gpu auto reads nvidia-smi, which is not on this machine; "
+                         "pass --gpu SKU (e.g. --gpu h100)")
+    done = capture([smi, "--query-gpu=name", "--format=csv,noheader"], timeout_s=30)
+    if not done.ok:
+        why = ("no answer in 30 s" if done.timed_out else
+               f"exit {done.returncode}: {' '.join(done.stderr.split())[-200:]}")
+        raise UsageError(f"nvidia-smi failed ({why}); pass --gpu SKU")
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    if not names:
+        raise UsageError("nvidia-smi lists no GPU; pass --gpu SKU")
+    try:
+        return lookup_gpu(names[0]), len(names)
+    except UnknownGpuError as exc:
+        raise UsageError(f"nvidia-smi reports {names[0]!r}, which the catalog lacks") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,32 +239,6 @@ def _known_models(session: Session) -> list[str]:
     return sorted(session.scalars(query))
 
 
-def local_gpu() -> tuple[GpuSpec, int]:
-    """This machine's GPU (through the catalog) and how many it has, from nvidia-smi."""
-    import shutil
-    import subprocess
-
-    from registry.errors import UsageError
-    from registry.gpus import UnknownGpuError, lookup_gpu
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        raise UsageError("--gpu auto reads nvidia-smi, which is not on this machine; "
-                         "pass --gpu SKU (e.g. --gpu h100)")
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], check=True,
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"nvidia-smi failed ({exc}); pass --gpu SKU") from exc
-    names = [line.strip() for line in out.splitlines() if line.strip()]
-    if not names:
-        raise UsageError("nvidia-smi lists no GPU; pass --gpu SKU")
-    try:
-        return lookup_gpu(names[0]), len(names)
-    except UnknownGpuError as exc:
-        raise UsageError(f"nvidia-smi reports {names[0]!r}, which the catalog lacks") from exc
-
-
 def resolve(
     ctx: Context, request: Request, *, explain: bool = False
 ) -> Ranked:

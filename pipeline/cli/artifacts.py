@@ -324,9 +324,10 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
       enginectl resolve --model llama-3.3-70b-instruct --gpu h100 --min-seq-len 4096
       enginectl resolve --model tiny-llama --gpu auto --explain
     """
+    from pipeline.toolchain import local_gpu
     from registry.errors import RecordNotFoundError, UsageError
     from registry.gpus import UnknownGpuError, lookup_gpu
-    from registry.resolve import Request, local_gpu
+    from registry.resolve import Request
     from registry.resolve import resolve as rank_for
 
     if gpu == "auto":

@@ -124,8 +124,9 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
                  prefer: Sequence[str] = ()) -> Request:
     """The resolve request for this node: *gpu* "auto" reads nvidia-smi (and the TRT-LLM and
     TensorRT versions installed here, which an engine must match), else a catalog name."""
+    from pipeline.toolchain import local_gpu
     from registry.gpus import GpuSpec, UnknownGpuError, lookup_gpu
-    from registry.resolve import Request, local_gpu
+    from registry.resolve import Request
 
     toolchain: dict[str, Any] = {}
     if isinstance(gpu, GpuSpec):

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from pipeline.errors import RuntimeMissingError
+from pipeline.executors.runner import capture
 
 PYTHONS: Final = ("python3", "python")
 _HAS_VLLM: Final = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
@@ -35,11 +35,7 @@ class Runtime:
 
 
 def _imports_vllm(python: str) -> bool:
-    try:
-        return subprocess.run([python, "-c", _HAS_VLLM], capture_output=True, timeout=60,
-                              check=False).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return capture([python, "-c", _HAS_VLLM], timeout_s=60).ok
 
 
 def _executable(path: str) -> str | None:

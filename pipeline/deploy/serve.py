@@ -11,11 +11,12 @@ only rewrites `serve.json` for the host and port asked; otherwise it is pulled a
 file beside it makes two `serve`s of one digest on a node (replicas sharing a hostPath) pull
 it once.
 
-The server runs as a child in its own process group. SIGTERM, SIGINT, SIGHUP, SIGQUIT,
-SIGUSR1 and SIGUSR2 are passed on to that group; when the server exits, whatever it left
-running in its group is sent SIGTERM, then SIGKILL after `STOP_GRACE_S`, so nothing outlives
-`serve`. enginectl is a child subreaper (Linux), so processes the server orphans are
-reaped here, as PID 1 in a container must, and the server gets SIGKILL if enginectl dies.
+The server runs as a child in its own process group, started by the process runner
+(pipeline.executors.runner) under its guard. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
+SIGUSR2 are passed on to that group; when the server exits, whatever it left running in its
+group is sent SIGTERM, then SIGKILL after `STOP_GRACE_S`, so nothing outlives `serve`.
+enginectl is a child subreaper (Linux), so processes the server orphans are reaped here, as
+PID 1 in a container must, and the server's group gets SIGKILL if enginectl dies.
 `serve` returns the server's exit code (128 + N when a signal N ended it).
 """
 
@@ -26,9 +27,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -47,6 +46,7 @@ from pipeline.deploy.pull import (
 )
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
+from pipeline.executors.runner import start_process
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 FORWARDED: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                     signal.SIGUSR1, signal.SIGUSR2)
 STOP_GRACE_S: Final = 10.0  # for what the server left in its group to exit on SIGTERM
-_PR_SET_PDEATHSIG: Final = 1
 _PR_SET_CHILD_SUBREAPER: Final = 36
 
 
@@ -166,34 +165,16 @@ def _prctl(option: int, value: int) -> None:
         libc.prctl(option, value, 0, 0, 0)
 
 
-def _in_child() -> None:
-    """In the server, before exec: die with enginectl (a SIGKILL of it cannot be passed on)."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _reap_all(pgid: int, grace_s: float) -> None:
-    """Stop and reap what the server left: SIGTERM its group, SIGKILL after *grace_s*, and
-    wait for every child of this process (orphans come here: we are a subreaper)."""
-    _signal_group(pgid, signal.SIGTERM)
-    deadline, killed = time.monotonic() + grace_s, False
+def _reap_orphans() -> None:
+    """Reap what the server orphaned and has exited (they come here: we are a subreaper);
+    children outside its group that still run are not ours to wait for."""
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return  # no child left
-        if pid:
-            continue
-        if time.monotonic() >= deadline:
-            if killed:
-                return  # children outside the group that ignore us: not ours to wait for
-            _signal_group(pgid, signal.SIGKILL)
-            killed, deadline = True, time.monotonic() + grace_s
-        time.sleep(0.05)
+        if not pid:
+            return
 
 
 def exit_code(returncode: int) -> int:
@@ -203,18 +184,23 @@ def exit_code(returncode: int) -> int:
 
 def run_foreground(argv: Sequence[str], *, cwd: Path | None = None,
                    grace_s: float = STOP_GRACE_S) -> int:
-    """Run *argv* until it exits, passing signals on to its process group; its exit code."""
+    """Run *argv* until it exits, passing signals on to its process group; its exit code.
+    The server starts through the process runner, whose guard ends its group if enginectl
+    dies (even of SIGKILL, which cannot be passed on); what it leaves in its group when it
+    exits is stopped by the runner's `stop_group` (SIGTERM, SIGKILL after *grace_s*)."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    process = subprocess.Popen(list(argv), cwd=cwd, process_group=0, preexec_fn=_in_child)  # noqa: PLW1509 - prctl only, before exec
+    process = start_process(argv, log_path=None, cwd=cwd)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        _signal_group(process.pid, signum)
+        process.signal_group(signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
     try:
         returncode = process.wait()
     finally:
-        _reap_all(process.pid, grace_s)
+        process.stop(grace_s)
+        _reap_orphans()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    assert returncode is not None  # noqa: S101 - waited for without a timeout
     return exit_code(returncode)

@@ -128,14 +128,17 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> None:
 
 
 def stop_group(proc: subprocess.Popen[bytes], grace_s: float = TERMINATE_GRACE_S) -> None:
-    """Stop the process group *proc* leads: SIGTERM, wait up to *grace_s* for the leader,
+    """Stop the process group *proc* leads: SIGTERM, wait up to *grace_s* for the leader and
+    then for the rest of the group (workers it started, or left behind when it exited),
     SIGKILL whatever of the group is left, reap the leader and wait (a bounded while) until no
     process of the group is running. The SIGKILL is sent even when the wait is interrupted (a
     second Ctrl-C). The one way enginectl stops a child."""
+    deadline = time.monotonic() + grace_s
     try:
         _signal_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace_s)
+        _wait_group_gone(proc.pid, deadline - time.monotonic())
     finally:
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -329,3 +332,13 @@ def capture(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | N
         raise
     return Captured(tuple(argv), proc.returncode, out.decode("utf-8", errors="replace"),
                     err.decode("utf-8", errors="replace"), timed_out)
+
+
+def stop_logging_to(log_path: Path, grace_s: float = TERMINATE_GRACE_S) -> int:
+    """Stop every running child whose output goes to *log_path* (one stage run's children:
+    its log is its own), each whole group as `stop_all` does; how many were stopped."""
+    with _live_lock:
+        running = [process for process in _live if process.log_path == log_path]
+    for process in running:
+        process.stop(grace_s)
+    return len(running)
