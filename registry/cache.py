@@ -26,6 +26,8 @@ the entry too. Every such edit changes the inode's ctime, which no one can set b
 entry is trusted only while its size, mtime, ctime, inode and device are the ones stamped
 when it was last verified. Otherwise it is re-hashed: stamped again when it still holds its
 digest's bytes (a link or chmod changes the ctime too), evicted when it does not.
+`file_stamp` and `check_file` apply the same rule to a file outside the cache (`serve`'s
+directory, whose files were placed from here).
 """
 
 from __future__ import annotations
@@ -49,6 +51,31 @@ MANIFESTS: Final = "manifests/sha256"
 def _stamp_of(info: os.stat_result) -> str:
     return (f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino} "
             f"{info.st_dev}")
+
+
+def file_stamp(path: Path) -> str | None:
+    """The stamp of the regular file at *path* as it is now (size, mtime, ctime, inode and
+    device: what the cache records when it has proven an entry's bytes); None when there is
+    no regular file there."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    return _stamp_of(info) if _regular(info) else None
+
+
+def check_file(path: Path, digest: Digest, stamp: str | None) -> str | None:
+    """The cache's rule, for a file outside it that was proven once to hold *digest*'s bytes
+    and stamped (*stamp*, None when never): trusted unread while its stamp is unchanged,
+    else re-hashed. Its stamp now when it holds *digest*'s bytes, else None."""
+    before = file_stamp(path)
+    if before is None or before == stamp:
+        return before
+    try:
+        good = digest_file(path, with_sha256=False).xxh3 == digest
+    except OSError:
+        return None
+    return before if good and file_stamp(path) == before else None
 
 
 class BlobCache:

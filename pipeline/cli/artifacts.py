@@ -165,14 +165,15 @@ def show(ref: str, as_json: bool) -> None:
 @click.option("-o", "--output", "output", required=True,
               type=click.Path(path_type=Path, file_okay=False),
               help="Target directory: absent or empty (or --force); never /, your home, the "
-                   "working directory or a folder above them, the store, the cache, /proc, "
-                   "/sys or /dev.")
+                   "working directory or a folder above them, enginectl's home, the store, "
+                   "the cache or a folder inside them, /proc, /sys or /dev.")
 @click.option("--verify", type=click.Choice(["fast", "strict"]), default="fast",
               show_default=True,
               help="fast: cache entries proven unchanged since verified are trusted; strict: "
                    "re-hash every placed file with xxh3-128 and sha256.")
 @click.option("--force", is_flag=True,
-              help="Replace a non-empty target directory (swapped in whole at the end).")
+              help="Replace a directory an earlier fetch or pull filled (swapped in whole at "
+                   "the end); never one holding files enginectl did not write.")
 @click.option("--allow-unready", is_flag=True,
               help="Fetch a quarantined artifact too (it failed its smoke run).")
 @click.option("--json", "as_json", is_flag=True,
@@ -193,7 +194,7 @@ def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
       enginectl fetch llama70b/h100/prod -o /models/llama70b
       enginectl fetch 9f86d081884c -o ./engine --verify strict --json
     """
-    from registry.fetch import fetch as fetch_artifact
+    from pipeline.deploy.fetch import fetch as fetch_artifact
 
     ctx = context()
     announce(ctx)

@@ -76,7 +76,9 @@ def _notes(notes: tuple[str, ...]) -> None:
               type=click.Path(path_type=Path, file_okay=False), help="Target directory.")
 @click.option("--verify", type=click.Choice(["fast", "strict"]), default="fast",
               show_default=True, help="strict adds sha256 to xxh3-128.")
-@click.option("--force", is_flag=True, help="Replace a non-empty target directory.")
+@click.option("--force", is_flag=True,
+              help="Replace a directory an earlier fetch filled too (an earlier pull is "
+                   "replaced without it); never one holding files enginectl did not write.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was pulled as JSON.")
 @handle_errors
 def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,

@@ -22,6 +22,7 @@ directory itself.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -30,6 +31,7 @@ from typing import Any, Final
 from registry.errors import ManifestError
 
 VLLM_MODULE: Final = ("-m", "vllm.entrypoints.openai.api_server")
+_PLACEHOLDER: Final = re.compile(r"\{model_dir\}|\{port\}")
 RUNTIME_OF_KIND: Final = {"trtllm-engine": "trtllm", "trtllm-checkpoint": "trtllm-pytorch",
                           "vllm": "vllm"}
 
@@ -95,8 +97,9 @@ def node_argv(found: Template, *, executable: str, model_dir: str, host: str,
     """*found*'s argv for this node: *executable* first, listening on *host*:*port*, serving
     *model_dir*. A first word that is neither vLLM's module nor trtllm-serve is refused: it is
     not a command enginectl knows how to move to another machine."""
-    argv = [part.replace("{model_dir}", model_dir).replace("{port}", str(port))
-            for part in found.argv]
+    values = {"{model_dir}": model_dir, "{port}": str(port)}
+    # one pass: a directory named `x{port}` stays `x{port}` (-o is a path, not a template)
+    argv = [_PLACEHOLDER.sub(lambda match: values[match.group(0)], part) for part in found.argv]
     if not argv:
         raise ManifestError("the recorded serve argv is empty")
     if found.runtime == "vllm":

@@ -6,10 +6,13 @@ in the foreground — the one-container experience.
 
 The directory is `<home>/serving/<16 hex of the digest>`: content-addressed, filled from the
 fetch cache (hard links, when home and cache share a file system, as they do by default).
-A start finds it complete (its `serve.json` names the digest, every file has its size) and
-only rewrites `serve.json` for the host and port asked; otherwise it is pulled again. A lock
-file beside it makes two `serve`s of one digest on a node (replicas sharing a hostPath) pull
-it once.
+A start finds it complete (its `serve.json` names the digest, and every file is proven as the
+fetch cache proves its entries: unread while its size, mtime, ctime, inode and device are
+those stamped when it was placed or last checked, else re-hashed) and only rewrites
+`serve.json` for the host and port asked; otherwise (a file edited in place, even to the same
+size, or removed) it is pulled again. The stamps are kept beside it
+(`.<16 hex>.verified.json`). A lock file beside it makes two `serve`s of one digest on a node
+(replicas sharing a hostPath) pull it once.
 
 The server runs as a child in its own process group, started by the process runner
 (pipeline.executors.runner) under its guard. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import os
 import signal
 import sys
@@ -47,9 +51,11 @@ from pipeline.deploy.pull import (
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
 from pipeline.executors.runner import start_process
+from registry.cache import check_file, file_stamp
 
 if TYPE_CHECKING:
     from registry.context import Context
+    from registry.digest import Digest
     from registry.gpus import GpuSpec
     from registry.progress import Progress
 
@@ -63,25 +69,70 @@ def serving_dir(ctx: Context, digest: str) -> Path:
     return ctx.config.home / "serving" / digest.removeprefix("sha256:")[:16]
 
 
-def _complete(directory: Path, selection: Selection) -> bool:
-    """Whether *directory* holds *selection*'s pull: its serve.json names the digest and
-    every file is there with its size (the bytes came verified through the cache)."""
-    import json
+def _stamps_path(directory: Path) -> Path:
+    return directory.with_name(f".{directory.name}.verified.json")
 
+
+def _read_stamps(directory: Path) -> dict[str, str]:
+    try:
+        data = json.loads(_stamps_path(directory).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("directory") != str(directory):
+        return {}
+    stamps = data.get("files")
+    return {str(k): str(v) for k, v in stamps.items()} if isinstance(stamps, dict) else {}
+
+
+def _write_stamps(directory: Path, stamps: dict[str, str]) -> None:
+    with contextlib.suppress(OSError):  # no stamps only costs the next start a re-hash
+        write_json(_stamps_path(directory), {"directory": str(directory), "files": stamps})
+
+
+def _complete(ctx: Context, directory: Path, selection: Selection) -> dict[str, str] | None:
+    """The stamps of *directory*'s files when it holds *selection*'s pull: its serve.json
+    names the digest and every file holds its bytes, proven as the fetch cache proves an
+    entry (`registry.cache.check_file`; a file that is still the cache's own entry is
+    asked of the cache). None when anything differs."""
     try:
         data = json.loads((directory / SERVE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA \
             or data.get("digest") != selection.found.digest:
-        return False
+        return None
+    recorded, stamps = _read_stamps(directory), {}
     for entry in merged(selection).files:
-        try:
-            if (directory / entry.path).stat().st_size != entry.size:
-                return False
-        except OSError:
-            return False
-    return True
+        path = directory.joinpath(*entry.path.split("/"))
+        now = file_stamp(path)
+        if now is None or path.lstat().st_size != entry.size:
+            return None
+        if now != recorded.get(entry.path) and _is_entry(ctx, path, entry.xxh3) \
+                and ctx.cache.verified(entry.xxh3, entry.size) is not None:
+            recorded[entry.path] = now  # the cache proved the very inode
+        stamp = check_file(path, entry.xxh3, recorded.get(entry.path))
+        if stamp is None:
+            return None
+        stamps[entry.path] = stamp
+    return stamps
+
+
+def _is_entry(ctx: Context, path: Path, digest: Digest) -> bool:
+    """Whether *path* is (a hard link of) the cache's entry for *digest*."""
+    try:
+        return path.samefile(ctx.cache.path(digest))
+    except OSError:
+        return False
+
+
+def _placed_stamps(directory: Path, selection: Selection) -> dict[str, str]:
+    """The stamps of the files a pull just placed (verified on their way from the cache)."""
+    stamps = {}
+    for entry in merged(selection).files:
+        stamp = file_stamp(directory.joinpath(*entry.path.split("/")))
+        if stamp is not None:
+            stamps[entry.path] = stamp
+    return stamps
 
 
 @contextlib.contextmanager
@@ -90,8 +141,18 @@ def _locked(dest: Path) -> Iterator[None]:
     node (two replicas sharing a hostPath) pull it once, and never swap it under a server."""
     import fcntl
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with (dest.parent / f".{dest.name}.lock").open("a") as lock:
+    from registry.errors import UsageError
+
+    path = dest.parent / f".{dest.name}.lock"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.open("a")
+    except OSError as exc:
+        what = "it is a directory" if isinstance(exc, IsADirectoryError) else (
+            exc.strerror or str(exc))
+        raise UsageError(f"serve keeps its lock file at {path}, which cannot be opened: "
+                         f"{what}; remove it, or point ENGINECTL_HOME elsewhere") from exc
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -109,9 +170,13 @@ def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, 
 
 def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
              port: int, progress: Progress | None) -> Pulled:
-    if not _complete(dest, selection):
-        return place(ctx, selection, dest, runtime=runtime, host=host, port=port, force=True,
-                     progress=progress)
+    stamps = _complete(ctx, dest, selection)
+    if stamps is None:
+        pulled = place(ctx, selection, dest, runtime=runtime, host=host, port=port,
+                       progress=progress)
+        _write_stamps(dest, _placed_stamps(dest, selection))
+        return pulled
+    _write_stamps(dest, stamps)
     pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                         cached_bytes=merged(selection).size)
     write_json(dest / SERVE_FILE, pulled.serve_json())
