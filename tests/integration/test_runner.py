@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from pipeline.executors.runner import run_process
+from pipeline.executors.runner import capture, run_process, start_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GONE_TIMEOUT_S = 60  # a guard against a hang, not a timing assertion
@@ -104,3 +105,92 @@ def test_children_die_with_a_builder_killed_by_sigkill(tmp_path: Path) -> None:
         for pid in (program, worker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_started_by_a_process_killed_by_sigkill_dies_with_it(tmp_path: Path) -> None:
+    """start_process (smoke's and serve's servers): the server and its worker end when the
+    process that started it is killed with SIGKILL while the server runs."""
+    pids = tmp_path / "pids"
+    os.mkfifo(pids)
+    starter = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(ROOT)!r})
+        from pipeline.executors.runner import start_process
+        script = "sleep 600 & echo $! $$ > {pids}; wait"
+        start_process(["sh", "-c", script], log_path=Path({str(tmp_path / "server.log")!r}))
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", starter])
+    worker, server = (int(word) for word in read_fifo(pids).split())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    try:
+        assert wait_gone(server), "the server outlived the process that started it"
+        assert wait_gone(worker), "the server's worker outlived the process that started it"
+    finally:
+        for pid in (server, worker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_signals_sent_to_the_group_reach_the_program_not_the_guard(tmp_path: Path) -> None:
+    """serve passes SIGUSR1, SIGUSR2, SIGQUIT ... on to its server's group: the program gets
+    them; the guard (which hears of its parent's death by SIGUSR1) neither dies nor kills."""
+    log = tmp_path / "server.log"
+    code = ("import signal, sys, time\n"
+            "def said(number, _frame): print('got', number, flush=True)\n"
+            "for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):\n"
+            "    signal.signal(number, said)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+    with start_process([sys.executable, "-c", code], log_path=log) as server:
+        wait_for_line(log, "ready")
+        for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+            server.signal_group(number)
+            wait_for_line(log, f"got {int(number)}")
+        assert server.poll() is None
+        assert server.stop(grace_s=5) == -signal.SIGTERM
+    assert log.read_text().count("got ") == 3
+
+
+def wait_for_line(path: Path, line: str) -> None:
+    """Wait (bounded) until *path* has *line*."""
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while line not in path.read_text().splitlines():
+        assert time.monotonic() < deadline, f"{line!r} never appeared in {path}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "stdout", "stderr"),
+    [
+        ([sys.executable, "-c", "print('out'); import sys; print('err', file=sys.stderr)"],
+         0, "out\n", "err\n"),
+        (["sh", "-c", "echo x; exit 4"], 4, "x\n", ""),
+        (["no-such-program-anywhere"], 127, "", "cannot start no-such-program-anywhere"),
+    ],
+)
+def test_capture_returns_what_a_probe_printed(argv: list[str], code: int, stdout: str,
+                                              stderr: str) -> None:
+    done = capture(argv, timeout_s=60)
+    assert (done.returncode, done.stdout, done.timed_out) == (code, stdout, False)
+    assert done.stderr.startswith(stderr)
+
+
+def test_capture_stops_a_probe_that_hangs_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    done = capture(["sh", "-c", f"sleep 600 & echo $! > {pidfile}; echo started; wait"],
+                   timeout_s=1)
+    assert done.timed_out
+    assert done.stdout == "started\n"
+    assert wait_gone(int(pidfile.read_text()))
+
+
+def test_a_server_that_cannot_start_raises_as_popen_would(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        start_process(["no-such-program-anywhere"], log_path=tmp_path / "log")
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        start_process([str(script)], log_path=tmp_path / "log")
