@@ -4,7 +4,10 @@
              builder means wait for it and reuse its result; an expired one is taken over
     run      materialise the inputs (this process's own outputs, else a fetch from the store
              through the cache), run the stage (external programs through the runner),
-             validate its output
+             validate its output; the lease's heartbeat (`registry.heartbeat`) renews it
+             meanwhile, and when the lease is lost (taken over, or the registry out of reach
+             until little of it was left) the run's children are stopped and the run fails
+             with why, nothing of it published
     publish  blobs, manifest, one registry transaction; release the lease with the run's log
              (stored as a blob)
 
@@ -33,6 +36,7 @@ from typing import Final, Literal
 
 from pipeline.errors import StageError
 from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
+from pipeline.executors.runner import CANCEL_GRACE_S, stop_logging_to
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.plan import Plan, StageRun
 from pipeline.settings import Settings
@@ -40,6 +44,7 @@ from pipeline.stages.work import StageJob, run_stage
 from registry import history, logs, records
 from registry.context import Context
 from registry.fetch import fetch_manifest, load_manifest
+from registry.heartbeat import Heartbeat
 from registry.publish import publish
 
 RunStatus = Literal["succeeded", "failed", "cancelled"]
@@ -135,11 +140,21 @@ class StageWorker:
         verdict = self._smoke_lease(run, entry)  # records who smoked it, and when
         if verdict is not None:
             return verdict
-        return self._judge(run, entry, record, argv, started)
+        guard = _LeaseGuard(self, run)
+        try:
+            return self._judge(run, entry, record, argv, started, guard=guard)
+        except BaseException as exc:
+            guard.end()
+            if guard.lost is not None and not self.cancel.is_set():
+                raise guard.error() from exc
+            raise
+        finally:
+            guard.end()
 
     def _judge(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
-               argv: list[str], started: float) -> Outcome:
-        """Serve *entry* with *argv* under the smoke run's lease, and record the verdict."""
+               argv: list[str], started: float, *, guard: _LeaseGuard) -> Outcome:
+        """Serve *entry* with *argv* under the smoke run's lease, and record the verdict
+        (none when the lease was lost meanwhile: the server was stopped under it)."""
         from pipeline.stages.smoke import machine_fault, run_smoke
 
         target = self.plan.target(run.targets[0])
@@ -153,6 +168,7 @@ class StageWorker:
             threshold=None if target.quant in ("bf16", "fp16")
             else recipe.smoke.reference_agreement,
         )
+        guard.check()
         if self.cancel.is_set():  # the server was stopped under it: no evidence either way
             self._release(run, "cancelled", None, error=CANCELLED)
             return Outcome(run.stage, run.key, "cancelled", run.targets, digest=entry,
@@ -184,7 +200,7 @@ class StageWorker:
             with self.ctx.registry.session() as session:
                 got = records.try_acquire_lease(session, run.key, owner=self.owner,
                                                 host=socket.gethostname(), pid=os.getpid(),
-                                                ttl_s=3600, node_id=self.node_id)
+                                                ttl_s=self.lease_ttl_s, node_id=self.node_id)
             if got and not waited:
                 return None
             if got:  # the other builder finished: its verdict, not a second smoke
@@ -226,18 +242,20 @@ class StageWorker:
         if found is not None:  # it finished between our lookup and the lease
             self._release(run, "succeeded", found.digest)
             return found.digest, False
-        renewer = _Renewer(self.ctx, run.key, self.owner, self.lease_ttl_s)
+        guard = _LeaseGuard(self, run)
         try:
-            digest = self._build(run, digests)
+            digest = self._build(run, digests, guard)
         except BaseException as exc:
-            renewer.stop()
+            guard.end()
+            if guard.lost is not None and not self.cancel.is_set():
+                raise guard.error() from exc  # not ours any more: nothing to release
             if self.cancel.is_set():
                 self._release(run, "cancelled", None, error=CANCELLED)
                 _remove_partial(run)
             else:
                 self._release(run, "failed", None, error=str(exc)[:2000])
             raise
-        renewer.stop()
+        guard.end()
         self._release(run, "succeeded", digest)
         return digest, True
 
@@ -291,8 +309,9 @@ class StageWorker:
         self.workdirs.fetched(key, target)
         return target
 
-    def _build(self, run: StageRun, digests: Mapping[str, str]) -> str:
+    def _build(self, run: StageRun, digests: Mapping[str, str], guard: _LeaseGuard) -> str:
         with self.gpu_slot(run.gpu):
+            guard.check()
             job = StageJob(
                 plan=self.plan, run=run, settings=self.settings,
                 inputs={key: self._input_dir(key, digests) for key in run.inputs},
@@ -300,6 +319,7 @@ class StageWorker:
                 log_path=self._log(run),
             )
             result = run_stage(job)
+        guard.check()  # its tool may have ended before the loss stopped it: publish nothing
         published = publish(
             self.ctx, result.directory, kind=run.kind, labels=result.labels,
             status="built", key=run.key, toolchain=run.toolchain,
@@ -310,23 +330,43 @@ class StageWorker:
         return published.digest
 
 
-class _Renewer:
-    """Keeps a lease alive while its stage runs (a thread renewing at a third of the TTL)."""
+class _LeaseGuard:
+    """The heartbeat of one run's lease. When the lease is lost it notes why in the run's
+    log and stops the run's children (those logging to the run's log) until the run ends,
+    also those started after the loss; the run then fails with `error()`."""
 
-    def __init__(self, ctx: Context, key: str, owner: str, ttl_s: float) -> None:
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(ctx, key, owner, ttl_s),
-                                        daemon=True)
-        self._thread.start()
+    def __init__(self, worker: StageWorker, run: StageRun) -> None:
+        self.run, self.log = run, worker._log(run)
+        self.ended = threading.Event()
+        self.heartbeat = Heartbeat(worker.ctx.registry, run.key, owner=worker.owner,
+                                   ttl_s=worker.lease_ttl_s, on_lost=self._lost).start()
 
-    def _loop(self, ctx: Context, key: str, owner: str, ttl_s: float) -> None:
-        while not self._done.wait(ttl_s / 3):
-            with ctx.registry.session() as session:
-                records.renew_lease(session, key, owner=owner, ttl_s=ttl_s)
+    @property
+    def lost(self) -> str | None:
+        return self.heartbeat.lost
 
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
+    def _lost(self, reason: str) -> None:
+        with contextlib.suppress(OSError), self.log.open("ab") as log:
+            log.write(f"\nenginectl: {reason}; stopping this run\n".encode())
+        while True:
+            stop_logging_to(self.log, CANCEL_GRACE_S)
+            if self.ended.wait(0.2):
+                return
+
+    def error(self) -> StageError:
+        return StageError(self.run.stage, self.run.key,
+                          f"{self.lost}; this run was stopped and published nothing",
+                          target=self.run.targets[0] if self.run.targets else None,
+                          log_path=self.log)
+
+    def check(self) -> None:
+        """Raise `error()` once the lease is lost."""
+        if self.lost is not None:
+            raise self.error()
+
+    def end(self) -> None:
+        self.ended.set()
+        self.heartbeat.stop()
 
 
 def _remove_partial(run: StageRun) -> None:

@@ -21,6 +21,7 @@ A run where nothing is missing changes nothing and says since when (the last nig
 
 from __future__ import annotations
 
+import _thread
 import os
 import socket
 import threading
@@ -34,6 +35,7 @@ from pipeline.build import build_recipe
 from pipeline.errors import BuildCancelledError
 from pipeline.executors.local import owner_id
 from pipeline.executors.outcome import BuildSummary, Outcome
+from pipeline.executors.runner import CANCEL_GRACE_S, stop_all
 from pipeline.nightly.diff import FieldChange, KeyChange, key_changes, toolchain_changes
 from pipeline.plan import Plan, plan_recipe
 from pipeline.promote import Level, Promotion, compare_levels, latest_passing, promote_gated
@@ -42,7 +44,8 @@ from pipeline.settings import Settings
 from pipeline.toolchain import BUILDER_IMAGE, PoolToolchains, Toolchain, for_plan, from_dict
 from registry import leases, nightly_runs, records
 from registry.context import Context
-from registry.errors import EnginectlError, UsageError
+from registry.errors import EnginectlError, RegistryError, UsageError
+from registry.heartbeat import Heartbeat
 from registry.lookup import built_keys
 from registry.models import utcnow
 
@@ -241,8 +244,11 @@ def _outcomes(summary: BuildSummary | None) -> dict[str, Outcome]:
 
 
 class _LeaseKeeper:
-    """Holds the nightly lease: waits for another nightly that holds it, renews it while
-    this one runs, releases it at the end."""
+    """Holds the nightly lease: waits for another nightly that holds it, keeps it with a
+    heartbeat (`registry.heartbeat`) while this one runs, releases it at the end. When the
+    lease is lost (taken over, or the registry out of reach until little of it was left)
+    the nightly is stopped: its children at once, and its main thread as Ctrl-C would;
+    `nightly` then fails with `lost_error()`."""
 
     def __init__(self, ctx: Context, settings: Settings, note: Echo) -> None:
         self.ctx, self.note = ctx, note
@@ -250,9 +256,19 @@ class _LeaseKeeper:
         self.ttl_s = settings.lease_ttl_s
         self.done = threading.Event()
         self.waited_for: str | None = None
-        self.thread: threading.Thread | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.in_main = threading.current_thread() is threading.main_thread()
 
-    def acquire(self) -> None:
+    @property
+    def lost(self) -> str | None:
+        return None if self.heartbeat is None else self.heartbeat.lost
+
+    def lost_error(self) -> RegistryError:
+        return RegistryError(f"{self.lost}; this nightly was stopped")
+
+    def acquire(self, report: NightlyReport) -> _LeaseKeeper:
+        """Take the nightly lease, waiting for another nightly that holds it (noted in
+        *report*), and start its heartbeat."""
         poll = min(5.0, self.ttl_s / 4)
         while True:
             with self.ctx.registry.session() as session:
@@ -268,19 +284,23 @@ class _LeaseKeeper:
                           f"since {holder.started_at:%Y-%m-%d %H:%M:%S} UTC; waiting for it")
             if self.done.wait(poll):
                 raise UsageError("stopped while waiting for another nightly")
-        self.thread = threading.Thread(target=self._renew, daemon=True)
-        self.thread.start()
+        self.heartbeat = Heartbeat(self.ctx.registry, leases.NIGHTLY_KEY, owner=self.owner,
+                                   ttl_s=self.ttl_s, on_lost=self._stop).start()
+        report.waited_for = self.waited_for
+        return self
 
-    def _renew(self) -> None:
-        while not self.done.wait(self.ttl_s / 3):
-            with self.ctx.registry.session() as session:
-                leases.renew_lease(session, leases.NIGHTLY_KEY, owner=self.owner,
-                                   ttl_s=self.ttl_s)
+    def _stop(self, reason: str) -> None:
+        self.note(f"nightly: {reason}; stopping")
+        stop_all(CANCEL_GRACE_S)
+        if self.in_main:
+            _thread.interrupt_main()  # the build winds down as on Ctrl-C
 
     def release(self, failed: bool) -> None:
         self.done.set()
-        if self.thread is not None:
-            self.thread.join()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            if self.lost is not None:
+                return  # not ours any more
             with self.ctx.registry.session() as session:
                 leases.release_lease(session, leases.NIGHTLY_KEY, owner=self.owner,
                                      status="failed" if failed else "succeeded")
@@ -304,10 +324,7 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
             raise UsageError("no recipe to requalify: name RECIPE files or directories, or "
                              "build one first (`enginectl build RECIPE` records it)")
         report = NightlyReport(started_at=utcnow(), executor=executor, dry_run=dry_run)
-        keeper = None if dry_run else _LeaseKeeper(ctx, settings, say)
-        if keeper is not None:
-            keeper.acquire()
-            report.waited_for = keeper.waited_for
+        keeper = None if dry_run else _LeaseKeeper(ctx, settings, say).acquire(report)
         failed = True
         run_id: int | None = None
         try:
@@ -323,12 +340,14 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
                 if isinstance(recipe, RecipeReport):
                     report.recipes.append(recipe)
                     continue
+                _check(keeper)
                 say(f"nightly: {recipe.recipe.display_name} ({recipe.path})")
                 done, recipe_pools = _requalify(recipe, ctx, settings, before, executor=executor,
                                                 address=address, dry_run=dry_run, jobs=jobs,
                                                 echo=echo, probed_now=probed_now)
                 report.recipes.append(done)
                 pools |= recipe_pools
+            _check(keeper)
             report.pools = _pool_reports(sorted(pools), before, probed_now)
             report.finished_at = utcnow()
             failed = False
@@ -339,8 +358,7 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
                     nightly_runs.finish(session, run_id, status="finished",
                                         exit_code=report.exit_code, report=as_json(report))
         except BaseException as exc:
-            if run_id is not None:  # Ctrl-C or an error: the row says how it ended
-                _record_broken(ctx, run_id, exc)
+            _record_broken(ctx, run_id, keeper, exc)  # raises why, when the lease was lost
             raise
         finally:
             if keeper is not None:
@@ -348,6 +366,12 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
         return report
     finally:
         ctx.close()
+
+
+def _check(keeper: _LeaseKeeper | None) -> None:
+    """Go on only while this nightly holds its lease (`_LeaseKeeper.lost_error`)."""
+    if keeper is not None and keeper.lost is not None:
+        raise keeper.lost_error()
 
 
 def _pool_reports(pools: Sequence[str], before: dict[str, records.ToolchainProbe],
@@ -362,12 +386,19 @@ def _pool_reports(pools: Sequence[str], before: dict[str, records.ToolchainProbe
     return found
 
 
-def _record_broken(ctx: Context, run_id: int, exc: BaseException) -> None:
-    cancelled = isinstance(exc, BuildCancelledError | KeyboardInterrupt)
-    with ctx.registry.session() as session:
-        nightly_runs.finish(session, run_id, status="cancelled" if cancelled else "failed",
-                            exit_code=130 if cancelled else 1,
-                            report={"error": " ".join(str(exc).split())})
+def _record_broken(ctx: Context, run_id: int | None, keeper: _LeaseKeeper | None,
+                   exc: BaseException) -> None:
+    """Ctrl-C, an error or a lost lease ended the nightly: its row says how (if it has one);
+    a lost lease is raised instead of what stopping the nightly raised."""
+    why = exc if keeper is None or keeper.lost is None else keeper.lost_error()
+    if run_id is not None:
+        cancelled = isinstance(why, BuildCancelledError | KeyboardInterrupt)
+        with ctx.registry.session() as session:
+            nightly_runs.finish(session, run_id, status="cancelled" if cancelled else "failed",
+                                exit_code=130 if cancelled else 1,
+                                report={"error": " ".join(str(why).split())})
+    if why is not exc:
+        raise why from exc
 
 
 def _requalify(
