@@ -13,7 +13,8 @@ A manifest is canonical JSON of:
     serve       how to serve it: {"argv": [...]} with {model_dir} and {port} placeholders, or null
 
 Paths are relative, POSIX, normalised, unique, and never contain `..`, absolute parts,
-backslashes or control characters; a file may not also be a directory of another path.
+backslashes, control characters or a part longer than a file system takes (NAME_MAX bytes);
+a file may not also be a directory of another path.
 Every check runs on parse, so a manifest from a store is as trusted as one we wrote.
 """
 
@@ -43,6 +44,8 @@ LABELS: Final = (
     "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
 )
 _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
+NAME_MAX: Final = 255
+"""The longest name (in UTF-8 bytes) the file systems a fetch writes to take."""
 
 
 def check_path(path: str) -> str:
@@ -56,6 +59,11 @@ def check_path(path: str) -> str:
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise ManifestError(f"file path {path!r} is not normalised (empty, '.' or '..' part)")
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogatepass"))
+        if size > NAME_MAX:
+            raise ManifestError(f"file path {path[:60]!r}… has a name of {size} bytes; file "
+                                f"systems take at most {NAME_MAX}")
     return path
 
 

@@ -67,8 +67,10 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
           --model llama-3.3-70b-instruct --gpu h100 --quant fp8
       enginectl import ./ckpt --kind trtllm-checkpoint --model m --json
     """
+    from pipeline.deploy.guard import check_name_lengths
     from registry.adopt import ImportSpec, import_artifact
 
+    check_name_lengths(directory, "DIRECTORY")  # a name too long: one line, exit 2
     spec = ImportSpec(kind=kind, model=model, gpu=gpu, quant=quant,
                       kv_cache_dtype=kv_cache_dtype, tp=tp, pp=pp,
                       shape=_parse_shape(shape_text), status="ready" if ready else "built")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.deploy.guard import MARKER
 from pipeline.deploy.pull import pull
 from pipeline.deploy.target import SERVE_FILE
 from pipeline.errors import RuntimeMissingError
@@ -65,7 +66,7 @@ def test_an_entry_comes_with_its_checkpoint_and_the_command_for_this_node(
 
     placed = tree(dest)
     assert set(placed) == {"config.json", "model.safetensors", "tokenizer.json",
-                           "enginectl-entry.json", SERVE_FILE}
+                           "enginectl-entry.json", SERVE_FILE, MARKER}
     assert placed["model.safetensors"] == (tmp_path / "ckpt" / "model.safetensors").read_bytes()
     argv = pulled.argv
     assert argv[:3] == [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
@@ -103,7 +104,8 @@ def test_an_engine_serves_itself_and_an_imported_one_gets_trtllm_serves_command(
     for digest in (recorded, imported):
         dest = tmp_path / f"out-{digest[7:15]}"
         pulled = pull(ctx, digest, dest, executable=sys.executable, host="127.0.0.1", port=8123)
-        assert set(tree(dest)) == {"config.json", "rank0.engine", "tokenizer.json", SERVE_FILE}
+        assert set(tree(dest)) == {"config.json", "rank0.engine", "tokenizer.json", SERVE_FILE,
+                                   MARKER}
         assert pulled.sources == (digest,)
         argv = pulled.argv
         assert argv[1:4] == [str(dest), "--backend", "tensorrt"]
@@ -225,7 +227,7 @@ def test_a_damaged_checkpoint_blob_fails_the_pull_and_leaves_the_directory_as_it
     assert not [p for p in tmp_path.iterdir() if ".pull-" in p.name]
 
 
-def test_a_directory_that_holds_something_else_is_refused_without_force(
+def test_a_directory_that_holds_something_else_is_refused_with_or_without_force(
     ctx: Context, tmp_path: Path
 ) -> None:
     entry = artifacts.vllm_entry(ctx, tmp_path / "entry",
@@ -367,6 +369,6 @@ def test_a_mount_point_is_filled_in_place_with_serve_json_last(tmp_path: Path) -
     second = json.loads(lines[1])
     assert second["directory"] == str(volume)
     assert second["downloaded_bytes"] == 0  # the second pull was a cache hit
-    assert sorted(lines[2:]) == sorted(["config.json", "enginectl-entry.json",
+    assert sorted(lines[2:]) == sorted(["config.json", "enginectl-entry.json", MARKER,
                                         "model.safetensors", SERVE_FILE, "tokenizer.json"])
     assert list(volume.iterdir()) == []  # outside the namespace the volume was never touched
