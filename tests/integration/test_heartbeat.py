@@ -1,0 +1,461 @@
+"""The lease heartbeat (`registry.heartbeat`) and the take-over of a gone holder's lease.
+
+Real builders (`enginectl build` with the tests/fakes stand-ins) against a real registry:
+PostgreSQL connections dropped under a builder (`pg_terminate_backend`, its role refused a
+login for a while) never hand its key to a second builder; a lease taken away stops the
+stage's tool and the build says why; a lease whose holder is gone from this host (a pid that
+no longer runs, `kill -9`) is taken over at once, not after its TTL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from registry import records
+from registry.db import open_registry
+from registry.heartbeat import Heartbeat
+from registry.leases import NIGHTLY_KEY, db_now, nightly_holder, try_acquire_nightly
+from tests.integration.db_fixtures import POSTGRES_URL
+from tests.integration.test_build import (
+    ENGINECTL,
+    SMALL_ENGINE,
+    build,
+    counts,
+    start,
+    wait_for_pidfile,
+    waiting_for_the_engine,
+    write_recipe,
+)
+from tests.integration.test_runner import wait_gone
+
+GUARD_S = 300  # against a hung builder, not a timing assertion
+TEN_YEARS_S = 10 * 365 * 86400.0
+
+
+def engine_key(env: dict[str, str], recipe: Path) -> str:
+    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only", SMALL_ENGINE).stdout)
+    return str(next(s["key"] for s in plan["stages"] if s["kind"] == "trtllm-engine"))
+
+
+def lease_of(registry_url: str, key: str) -> records.StageRunRecord:
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        found = records.get_stage_run(session, key)
+    assert found is not None
+    return found
+
+
+def engines(registry_url: str) -> list[records.ArtifactRecord]:
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        return records.list_artifacts(session, kind="trtllm-engine")
+
+
+def gone_pid() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def release(fifo: Path) -> None:
+    """Let the stand-in trtllm-build waiting on *fifo* go on (nothing, when none reads it)."""
+    with contextlib.suppress(OSError):
+        handle = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(handle, b"go")
+        finally:
+            os.close(handle)
+
+
+# --- PostgreSQL connections dropped under a builder ---------------------------------------------
+
+
+def _admin() -> psycopg.Connection[Any]:
+    url = make_url(POSTGRES_URL).set(drivername="postgresql")
+    return psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
+
+
+class Blip:
+    """A login role of its own for one builder, whose PostgreSQL connections the test drops
+    (`pg_terminate_backend`) and, for a while, refuses (NOLOGIN): a database restart or a
+    network blip, seen by that builder only."""
+
+    def __init__(self, postgres_url: str) -> None:
+        self.role = f"hb_{uuid.uuid4().hex[:12]}"
+        self.url = make_url(postgres_url).set(username=self.role).render_as_string(
+            hide_password=False)
+        self.admin = _admin()
+        self.admin.execute(f'CREATE ROLE "{self.role}" LOGIN SUPERUSER')
+
+    def drop_connections(self) -> int:
+        rows = self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+            (self.role,)).fetchall()
+        return len(rows)
+
+    def refuse(self, seconds: float) -> None:
+        """Drop the role's connections and refuse new ones for *seconds*."""
+        self.admin.execute(f'ALTER ROLE "{self.role}" NOLOGIN')
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                self.drop_connections()
+                time.sleep(0.1)
+        finally:
+            self.admin.execute(f'ALTER ROLE "{self.role}" LOGIN')
+
+    def close(self) -> None:
+        self.admin.execute(f'ALTER ROLE "{self.role}" LOGIN')
+        self.drop_connections()
+        self.admin.execute(f'DROP ROLE "{self.role}"')
+        self.admin.close()
+
+
+@pytest.fixture
+def blip(postgres_url: str) -> Iterator[Blip]:
+    open_registry(postgres_url).close()  # the schema belongs to the admin, not the role
+    made = Blip(postgres_url)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path, postgres_url: str) -> dict[str, str]:
+    from tests.integration.test_build import FAKES
+
+    return {
+        **os.environ,
+        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "ENGINECTL_HOME": str(tmp_path / "home"),
+        "ENGINECTL_REGISTRY_URL": postgres_url,
+        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
+        "ENGINECTL_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+BLIP_TTL_S = 12.0
+
+
+def test_dropped_connections_never_hand_the_key_to_a_second_builder(
+    env: dict[str, str], tmp_path: Path, postgres_url: str, blip: Blip
+) -> None:
+    """The builder holding the engine's lease has its PostgreSQL connections dropped again
+    and again, twice refused for longer than a renewal interval, while a second builder
+    waits for the key: the holder's heartbeat retries until the database answers again and
+    keeps the lease, so the waiting builder never takes the key over and reuses the one
+    engine the holder publishes."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": str(BLIP_TTL_S)}
+    engine = engine_key(env, recipe)
+    fifo, pidfile = tmp_path / "release-the-build", tmp_path / "trtllm-build.pid"
+    os.mkfifo(fifo)
+    holding = {**env, "ENGINECTL_REGISTRY_URL": blip.url,
+               "FAKE_TRTLLM_WAIT_FIFO": str(fifo), "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    first = start(holding, recipe, "--only", SMALL_ENGINE)
+    try:
+        wait_for_pidfile(first, pidfile)
+        second = start(env, recipe, "--only", SMALL_ENGINE)
+        waiting_for_the_engine(second)
+        holder = lease_of(postgres_url, engine).owner
+        for _ in range(2):  # right after a renewal, refuse past the next one
+            seen = lease_of(postgres_url, engine)
+            deadline = time.monotonic() + GUARD_S
+            while (now := lease_of(postgres_url, engine)) == seen:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            if now.owner != holder:
+                break  # taken over: the assertions below say so
+            blip.refuse(BLIP_TTL_S / 3 + 1)
+        dropped = 0
+        for _ in range(int(BLIP_TTL_S * 5)):  # a TTL more of connections dropped as they come
+            dropped += blip.drop_connections()
+            time.sleep(0.2)
+        assert lease_of(postgres_url, engine).owner == holder, "the key was taken over"
+        assert dropped > 0  # its renewals kept coming, through new connections
+        assert second.poll() is None
+    finally:
+        release(fifo)
+    out_first, err_first = first.communicate(timeout=GUARD_S)
+    out_second, err_second = second.communicate(timeout=GUARD_S)
+    assert (first.returncode, second.returncode) == (0, 0), (err_first, err_second)
+    assert counts(out_first)["built"] == 3
+    assert counts(out_second) == {"built": 0, "reused": 3, "failed": 0, "skipped": 0}
+    assert len(engines(postgres_url)) == 1
+    assert lease_of(postgres_url, engine).status == "succeeded"
+
+
+def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
+    """No renewal gets through for most of the TTL: the heartbeat gives the lease up (its
+    holder must stop before another builder may take the key) and says why."""
+    key = "k1:unreachable"
+    with open_registry(blip.url) as registry:
+        with registry.session() as session:
+            assert records.try_acquire_lease(session, key, owner="me", host="h", pid=1,
+                                             ttl_s=3.0)
+        lost = threading.Event()
+        reasons: list[str] = []
+
+        def on_lost(reason: str) -> None:
+            reasons.append(reason)
+            lost.set()
+
+        blip.admin.execute(f'ALTER ROLE "{blip.role}" NOLOGIN')
+        blip.drop_connections()
+        with Heartbeat(registry, key, owner="me", ttl_s=3.0, on_lost=on_lost):
+            assert lost.wait(GUARD_S)
+    assert reasons[0].startswith(f"lease on {key} lost: no renewal reached the registry for ")
+    assert "not permitted to log in" in reasons[0]
+
+
+# --- a lease taken away -------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    from tests.integration.test_build import FAKES
+
+    url = (f"sqlite:///{tmp_path / 'home' / 'registry.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("postgres_url"))
+    return {
+        **os.environ,
+        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "ENGINECTL_HOME": str(tmp_path / "home"),
+        "ENGINECTL_REGISTRY_URL": url,
+        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
+        "ENGINECTL_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def test_a_lease_taken_away_stops_the_stage_and_says_why(
+    any_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Another builder takes the engine's lease over while its tool runs (the row's owner
+    changes): the heartbeat's next renewal finds it gone, the tool's process group is
+    stopped, the run fails with who took the lease (exit 3; nothing blamed on an artifact,
+    nothing published) and the row stays the new holder's."""
+    env = {**any_env, "ENGINECTL_LEASE_TTL_S": "3"}
+    url = env["ENGINECTL_REGISTRY_URL"]
+    recipe = write_recipe(tmp_path)
+    engine = engine_key(env, recipe)
+    pidfile = tmp_path / "trtllm-build.pid"
+    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    proc = start(hanging, recipe, "--only", SMALL_ENGINE)
+    tool = wait_for_pidfile(proc, pidfile)
+    try:
+        with open_registry(url) as registry, registry.session() as session:
+            session.execute(text("UPDATE stage_runs SET owner = 'thief:7:cafe', "
+                                 "host = 'elsewhere', pid = 7 WHERE key = :key"),
+                            {"key": engine})
+        out, err = proc.communicate(timeout=GUARD_S)
+        assert wait_gone(tool), "the stage's trtllm-build is still running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tool, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, (out, err)
+    why = f"lease on {engine} lost: taken over by thief:7:cafe on elsewhere (pid 7)"
+    assert why in err, err
+    assert "this run was stopped and published nothing" in err
+    assert engines(url) == []
+    lease = lease_of(url, engine)
+    assert (lease.owner, lease.status) == ("thief:7:cafe", "running")
+    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only", SMALL_ENGINE).stdout)
+    workdir = Path(next(s["workdir"] for s in plan["stages"] if s["key"] == engine))
+    assert why in (workdir / "build.log").read_text()
+
+
+def test_a_nightly_lease_taken_away_is_lost(registry_url: str) -> None:
+    """The heartbeat of any lease (here the nightly's) calls `on_lost` once a renewal
+    answers that the lease is someone else's, naming who holds it."""
+    with open_registry(registry_url) as registry:
+        with registry.session() as session:
+            assert try_acquire_nightly(session, owner="me", host="h", pid=1, ttl_s=3.0)
+        lost = threading.Event()
+        reasons: list[str] = []
+
+        def on_lost(reason: str) -> None:
+            reasons.append(reason)
+            lost.set()
+
+        with Heartbeat(registry, NIGHTLY_KEY, owner="me", ttl_s=3.0, on_lost=on_lost) as beat:
+            with registry.session() as session:
+                session.execute(text("UPDATE stage_runs SET owner = 'other', host = 'h2' "
+                                     "WHERE key = :key"), {"key": NIGHTLY_KEY})
+            assert lost.wait(GUARD_S)
+        assert beat.lost == reasons[0]
+    assert reasons == [f"lease on {NIGHTLY_KEY} lost: taken over by other on h2 (pid 1)"]
+
+
+# --- the database's clock -----------------------------------------------------------------------
+
+
+def test_lease_times_are_the_databases_own(postgres_url: str) -> None:
+    """A lease's start and expiry are the database's time of the statement (PostgreSQL's
+    now() of the transaction), not the builder's clock."""
+    with open_registry(postgres_url) as registry, registry.session() as session:
+        assert records.try_acquire_lease(session, "k1:clock", owner="me", host="h", pid=1,
+                                         ttl_s=90.0)
+        server_now = db_now(session)
+        lease = records.get_stage_run(session, "k1:clock")
+        assert lease is not None
+        assert lease.started_at == server_now
+        assert lease.lease_expires_at == server_now + timedelta(seconds=90)
+        assert records.renew_lease(session, "k1:clock", owner="me", ttl_s=30.0)
+        renewed = records.get_stage_run(session, "k1:clock")
+        assert renewed is not None
+        assert renewed.lease_expires_at == server_now + timedelta(seconds=30)
+        assert nightly_holder(session) is None
+
+
+# --- a holder gone from this host ---------------------------------------------------------------
+
+
+def test_a_lease_whose_holder_is_gone_from_this_host_is_taken_over(registry_url: str) -> None:
+    """A running lease far from expiry: kept while its holder on this host runs (or runs on
+    another host), taken over at once when its pid is gone or names a process younger than
+    the lease (pid reuse); of two takers, one wins. The nightly lease likewise."""
+    here = socket.gethostname()
+    dead = gone_pid()
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    with open_registry(registry_url) as registry, registry.session() as session:
+        for key in ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused"):
+            pid = os.getppid() if key == "k1:alive" else dead
+            assert records.try_acquire_lease(
+                session, key, owner=f"old-{key}", host="other" if key == "k1:elsewhere"
+                else here, pid=pid, ttl_s=TEN_YEARS_S, now=t0)
+        me = os.getpid()
+        assert not records.try_acquire_lease(session, "k1:alive", owner="new", host=here,
+                                             pid=me, ttl_s=60, now=t0)
+        assert not records.try_acquire_lease(session, "k1:elsewhere", owner="new", host=here,
+                                             pid=me, ttl_s=60, now=t0)
+        assert records.try_acquire_lease(session, "k1:gone", owner="new", host=here, pid=me,
+                                         ttl_s=60, now=t0)
+        assert not records.try_acquire_lease(session, "k1:gone", owner="racer", host=here,
+                                             pid=me + 1, ttl_s=60, now=t0)
+        # the holder's pid runs again, but as a process started after the lease was taken
+        session.execute(text("UPDATE stage_runs SET pid = :pid WHERE key = 'k1:reused'"),
+                        {"pid": me})
+        assert records.try_acquire_lease(session, "k1:reused", owner="new", host=here,
+                                         pid=os.getppid(), ttl_s=60,
+                                         now=datetime.now(UTC) + timedelta(days=365 * 5))
+        assert try_acquire_nightly(session, owner="old-nightly", host=here, pid=dead,
+                                   ttl_s=TEN_YEARS_S)
+        assert try_acquire_nightly(session, owner="new-nightly", host=here, pid=me, ttl_s=60)
+        owners = {key: records.get_stage_run(session, key) for key in
+                  ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused", NIGHTLY_KEY)}
+    assert {key: found.owner for key, found in owners.items() if found} == {
+        "k1:alive": "old-k1:alive", "k1:elsewhere": "old-k1:elsewhere", "k1:gone": "new",
+        "k1:reused": "new", NIGHTLY_KEY: "new-nightly"}
+
+
+def test_a_build_proceeds_at_once_past_a_gone_holders_lease(
+    any_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine's row says `running` for ten more years, held from this host by a pid that
+    has exited: a build of that key takes it over at once and builds the engine."""
+    url = any_env["ENGINECTL_REGISTRY_URL"]
+    recipe = write_recipe(tmp_path)
+    engine = engine_key(any_env, recipe)
+    dead = gone_pid()
+    with open_registry(url) as registry, registry.session() as session:
+        assert records.try_acquire_lease(session, engine, owner=f"{socket.gethostname()}:{dead}"
+                                         ":0ld", host=socket.gethostname(), pid=dead,
+                                         ttl_s=TEN_YEARS_S)
+    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
+                          env=any_env, text=True, capture_output=True, timeout=GUARD_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert counts(done.stdout)["built"] == 3
+    lease = lease_of(url, engine)
+    assert lease.status == "succeeded"
+    assert lease.pid != dead
+    assert len(engines(url)) == 1
+
+
+def test_a_build_killed_with_sigkill_is_run_again_at_once(
+    any_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`kill -9` of a builder during its engine build (lease TTL an hour), then the same
+    build again: it takes the dead builder's lease over at once and builds the engine."""
+    env = {**any_env, "ENGINECTL_LEASE_TTL_S": "3600"}
+    url = env["ENGINECTL_REGISTRY_URL"]
+    recipe = write_recipe(tmp_path)
+    pidfile = tmp_path / "trtllm-build.pid"
+    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    first = start(hanging, recipe, "--only", SMALL_ENGINE)
+    tool = wait_for_pidfile(first, pidfile)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate()
+    try:
+        assert wait_gone(tool)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tool, signal.SIGKILL)
+    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
+                          env=env, text=True, capture_output=True, timeout=GUARD_S,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert counts(done.stdout) == {"built": 1, "reused": 2, "failed": 0, "skipped": 0}
+    assert len(engines(url)) == 1
+
+
+# --- the nightly's lease ------------------------------------------------------------------------
+
+
+def test_a_nightly_whose_lease_is_taken_away_stops(tmp_path: Path, registry_url: str) -> None:
+    """A nightly rebuilding an engine (a driver bump) loses the nightly lease to another
+    nightly: its tool is stopped, it exits 4 naming who took the lease, and its row in
+    `nightly_runs` says so."""
+    from tests.integration.test_nightly import NEW, Box
+
+    box = Box(tmp_path, registry_url, max_regression=0.9)
+    box.run("build", str(box.recipe))
+    box.bump(NEW)
+    pidfile = tmp_path / "trtllm-build.pid"
+    env = {**box.env, "ENGINECTL_LEASE_TTL_S": "3", "FAKE_TRTLLM_HANG": "1",
+           "FAKE_TRTLLM_PIDFILE": str(pidfile)}
+    proc = subprocess.Popen([ENGINECTL, "nightly", "--json"], env=env, cwd=box.cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    tool = wait_for_pidfile(proc, pidfile)
+    try:
+        with open_registry(registry_url) as registry, registry.session() as session:
+            session.execute(text("UPDATE stage_runs SET owner = 'other-nightly', "
+                                 "host = 'elsewhere' WHERE key = :key"), {"key": NIGHTLY_KEY})
+        out, err = proc.communicate(timeout=GUARD_S)
+        assert wait_gone(tool), "the nightly's trtllm-build is still running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tool, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    why = f"lease on {NIGHTLY_KEY} lost: taken over by other-nightly on elsewhere"
+    assert proc.returncode == 4, (out, err)
+    assert why in err.splitlines()[-1], err
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        status, report = session.execute(text(
+            "SELECT status, report FROM nightly_runs ORDER BY id DESC LIMIT 1")).one()
+    assert status == "failed"
+    assert why in (json.loads(report) if isinstance(report, str) else report)["error"]
