@@ -5,7 +5,9 @@ Every location says where it came from (the variable that set it, or the default
 wrong store or registry is found before a build writes to it. The store and the registry are
 each asked one cheap question under a timeout (an unreachable PostgreSQL or S3 endpoint
 answers "no answer in 5 s", not a hang); nothing is created or migrated — a registry file
-that does not exist yet stays that way.
+that does not exist yet stays that way, and is said to be missing with the command that
+creates it. A setting that cannot be used (a relative path, a home or cache directory that is
+a file, a registry URL that is not one) is `ConfigError` (exit 2), not a line of the report.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from pipeline.runtimes import program, vllm_in
 from pipeline.settings import Settings
-from registry.config import RegistryConfig
+from registry.config import RegistryConfig, check_directory
 
 CHECK_TIMEOUT_S: Final = 5.0
 
@@ -80,7 +83,7 @@ def locations(env: Mapping[str, str]) -> list[Location]:
     settings = Settings.from_env(env)
     if env.get("ENGINECTL_HOME"):
         home_source = "ENGINECTL_HOME"
-    elif env.get("XDG_DATA_HOME"):
+    elif env.get("XDG_DATA_HOME") and Path(env["XDG_DATA_HOME"]).expanduser().is_absolute():
         home_source = "XDG_DATA_HOME, + /enginectl"
     else:
         home_source = "default: ~/.local/share/enginectl"
@@ -126,7 +129,8 @@ def _registry_reach(url: str, schema: dict[str, str | None]) -> Reach:
     revision = current(url)
     schema.update(revision=revision, head=HEAD, state=schema_state(revision))
     if revision is None:
-        return Reach(True, "reachable; no schema yet (the first write creates and migrates it)")
+        return Reach(True, "reachable; no registry yet: `enginectl db upgrade` creates it, and "
+                           "so does the first command that writes to it (import, build)")
     return Reach(True, f"reachable; schema {revision} ({schema['state']})")
 
 
@@ -158,6 +162,9 @@ def info(env: Mapping[str, str] | None = None, *,
     env = os.environ if env is None else env
     config = RegistryConfig.from_env(env)
     settings = Settings.from_env(env)
+    check_directory(config.home, what="enginectl's home", variable=config.variable("home"))
+    check_directory(config.cache_dir, what="the fetch cache",
+                    variable=config.variable("cache_dir"))
     schema: dict[str, str | None] = {"revision": None, "head": None, "state": None}
     store = _within(timeout_s, lambda: _store_reach(config))
     registry = _within(timeout_s, lambda: _registry_reach(config.registry_url, schema))

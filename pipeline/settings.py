@@ -11,6 +11,9 @@
                               scripts/install-vllm made, else python3)
     ENGINECTL_LEASE_TTL_S     how long a builder's lease on a stage key lasts unless renewed
                               (default: 120; renewed every third of it while the stage runs)
+
+A value that cannot be used (a relative ENGINECTL_HOME or ENGINECTL_WORK_DIR, seconds out of
+range) is refused in one line naming the variable, exit 2.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.config import data_home
+from registry.config import absolute_path, data_home
 from registry.errors import UsageError
 
 LEASE_TTL_DEFAULT_S = 120.0
@@ -42,7 +45,8 @@ class Settings:
         home = data_home(env)
         return cls(
             home=home,
-            work_dir=Path(env.get("ENGINECTL_WORK_DIR") or home / "work").expanduser(),
+            work_dir=(absolute_path(env, "ENGINECTL_WORK_DIR", what="the work directory")
+                      if env.get("ENGINECTL_WORK_DIR") else home / "work"),
             trtllm_examples=Path(
                 env.get("ENGINECTL_TRTLLM_EXAMPLES") or "/app/tensorrt_llm/examples"
             ),

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from registry import history, records
-from registry.errors import UsageError
-from registry.refs import check_alias_name, resolve_ref
+from registry.errors import RecordNotFoundError, UsageError, did_you_mean
+from registry.refs import alias_names, check_alias_name, resolve_ref, unknown_alias
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -39,8 +39,11 @@ def tag(
 
 
 def untag(ctx: Context, alias: str) -> str:
-    """Remove *alias*; returns the digest it pointed at."""
+    """Remove *alias*; returns the digest it pointed at. RecordNotFoundError (with the
+    closest alias) when there is no such alias."""
     with ctx.registry.session() as session:
+        if records.get_alias(session, alias) is None:
+            raise unknown_alias("alias", alias, alias_names(session))
         return history.remove_alias(ctx.store, session, alias)
 
 
@@ -53,8 +56,9 @@ def rollback(ctx: Context, alias: str, note: str | None = None) -> tuple[str, st
     with ctx.registry.session() as session:
         current = records.get_alias(session, alias)
         if current is None:
-            raise UsageError(f"alias {alias!r} points nowhere; nothing to roll back "
-                             "(`enginectl tag REF ALIAS` sets it)")
+            raise RecordNotFoundError("alias", alias, hint=(
+                "it points nowhere, so there is nothing to roll back (`enginectl tag REF "
+                f"ALIAS` sets it){did_you_mean(alias, alias_names(session))}"))
         moves = [e for e in records.alias_history(session, alias) if e.digest == current]
         before = moves[-1].previous_digest if moves else None
         if before is None:

@@ -18,35 +18,78 @@
                               puts there). Without the variable, entries of the cache's old
                               place, <home>/cache, are still used (and moved over).
 
-The environment is enough; nothing here is read from a file. `check_directory` is the one
-check against the file system: a directory setting that names a file is refused in one line
-naming the variable, before anything writes there.
+The environment is enough; nothing here is read from a file. A setting that cannot be
+what it names is `ConfigError` (exit 2) in one line naming the variable and its value:
+ENGINECTL_HOME or ENGINECTL_CACHE_DIR that is not an absolute path (`~` is expanded), and
+ENGINECTL_REGISTRY_URL that is not a sqlite:// or postgresql:// URL, when the settings are
+read. `check_directory` is the one check against the file system: a directory setting that
+names a file is refused the same way, before anything writes there.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from registry.errors import ConfigError
+
+_REGISTRY_URL: Final = re.compile(r"(sqlite|postgresql|postgres)(\+[A-Za-z0-9_]+)?://.*",
+                                  re.DOTALL)
+
+
+def absolute_path(env: Mapping[str, str], variable: str, *, what: str) -> Path:
+    """*variable*'s path with `~` expanded; ConfigError unless it is absolute (a relative
+    one would mean another place in every directory a command is started from)."""
+    value = env[variable]
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError as exc:  # `~user` of a user that does not exist
+        raise ConfigError(f"{variable}={value!r}: {exc}; give {what} as an absolute path",
+                          variable=variable, value=value) from exc
+    if not path.is_absolute():
+        raise ConfigError(f"{variable}={value!r} is not an absolute path; give {what} as one "
+                          f"(e.g. {variable}=$PWD/{value})", variable=variable, value=value)
+    return path
+
+
+def registry_url_of(env: Mapping[str, str]) -> str | None:
+    """ENGINECTL_REGISTRY_URL when set; ConfigError when it is not a SQLite or PostgreSQL
+    URL (it would otherwise read as a database that does not answer)."""
+    url = env.get("ENGINECTL_REGISTRY_URL")
+    if not url:
+        return None
+    if _REGISTRY_URL.fullmatch(url) is None:
+        from registry.lookup import shown
+
+        raise ConfigError(
+            f"ENGINECTL_REGISTRY_URL={shown(url)!r} is not a registry URL: use "
+            "sqlite:////abs/path/registry.db or postgresql+psycopg://user@host/db",
+            variable="ENGINECTL_REGISTRY_URL", value=shown(url))
+    return url
 
 
 def data_home(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("ENGINECTL_HOME"):
-        return Path(env["ENGINECTL_HOME"]).expanduser()
-    xdg = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg).expanduser() / "enginectl"
+        return absolute_path(env, "ENGINECTL_HOME", what="enginectl's home")
+    return _xdg(env, "XDG_DATA_HOME", Path.home() / ".local" / "share") / "enginectl"
+
+
+def _xdg(env: Mapping[str, str], variable: str, default: Path) -> Path:
+    """An XDG base directory: a relative one is ignored, as the XDG spec says."""
+    path = Path(env.get(variable) or default).expanduser()
+    return path if path.is_absolute() else default
 
 
 def cache_home(env: Mapping[str, str] | None = None) -> Path:
     """`$XDG_CACHE_HOME/enginectl`, else `~/.cache/enginectl`: the fetch cache's default,
     shared with the vLLM environment that scripts/install-vllm makes there."""
     env = os.environ if env is None else env
-    xdg = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "enginectl"
+    return _xdg(env, "XDG_CACHE_HOME", Path.home() / ".cache") / "enginectl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +120,14 @@ class RegistryConfig:
         }
         legacy: tuple[Path, ...] = ()
         if env.get("ENGINECTL_CACHE_DIR"):
-            cache_dir = Path(env["ENGINECTL_CACHE_DIR"]).expanduser()
+            cache_dir = absolute_path(env, "ENGINECTL_CACHE_DIR", what="the fetch cache")
         else:
             cache_dir, legacy = cache_home(env), (home / "cache",)
         return cls(
             home=home,
             store_url=env.get("ENGINECTL_STORE_URL") or (home / "store").as_uri(),
             s3_endpoint_url=env.get("ENGINECTL_S3_ENDPOINT_URL") or None,
-            registry_url=env.get("ENGINECTL_REGISTRY_URL") or f"sqlite:///{home / 'registry.db'}",
+            registry_url=registry_url_of(env) or f"sqlite:///{home / 'registry.db'}",
             cache_dir=cache_dir,
             legacy_cache_dirs=tuple(p for p in legacy if p != cache_dir),
             origins=origins,

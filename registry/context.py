@@ -7,6 +7,10 @@ A context manager, for deploy tools:
 
     with Context() as ctx:          # from the environment, like the CLI
         pull(ctx, "llama70b/h100/prod", "/models")
+
+`Context(readonly=True)` is for verbs that only read the registry (ls, show, resolve, pull,
+compare, logs): its registry is opened with `open_registry(readonly=True)`, which never
+creates or migrates one and refuses a missing, behind or newer one in one line.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     config: RegistryConfig = field(default_factory=RegistryConfig.from_env)
+    readonly: bool = False
+    """Open the SQL registry for reading only (see the module doc)."""
     on_begin: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     """Called once, when a verb's input has been checked and its work on the store begins
     (the CLI names the store and registry then, so a refused input stays one line)."""
@@ -69,7 +75,7 @@ class Context:
 
         if "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
             self._check_home()
-        return open_registry(self.config.registry_url)
+        return open_registry(self.config.registry_url, readonly=self.readonly)
 
     @cached_property
     def cache(self) -> BlobCache:

@@ -17,6 +17,13 @@ Schema policy (the schema belongs to `migrations/`, never to `metadata.create_al
 - A revision this binary does not know (a newer enginectl migrated it): opening and read-only
   sessions work, write sessions raise `SchemaError` ("... upgrade enginectl").
 
+`open_registry(url, readonly=True)` is how commands that only read (ls, show, resolve, pull,
+compare, logs) open it: it never creates a file or a folder, never creates or migrates a
+table, and takes only read-only sessions. A registry that does not exist or has no tables is
+`NoRegistryError` ("`enginectl db upgrade` creates it"); one behind this binary names
+`enginectl db upgrade`, one ahead of it says to upgrade enginectl. SQLite is opened with
+`mode=ro`, so not even a mistyped path is created.
+
 SQLite runs in WAL mode with a 30 s busy timeout and foreign keys on; every write session
 starts with `BEGIN IMMEDIATE`, so read-modify-write sequences are serialised across processes
 instead of failing half-way with "database is locked". Hold one write session at a time.
@@ -46,7 +53,13 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import ORMExecuteState, Session
 
-from registry.errors import ConflictError, DamagedRegistryError, RegistryError, SchemaError
+from registry.errors import (
+    ConflictError,
+    DamagedRegistryError,
+    NoRegistryError,
+    RegistryError,
+    SchemaError,
+)
 from registry.lookup import HEAD as LOOKUP_HEAD
 
 if TYPE_CHECKING:
@@ -199,6 +212,12 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _sqlite_on_connect_readonly(dbapi_connection: Any, _record: Any) -> None:
+    # A `mode=ro` connection: no journal mode to set (that would be a write).
+    dbapi_connection.isolation_level = None
+    dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")
+
+
 def _sqlite_on_begin(connection: Connection) -> None:
     readonly = connection.get_execution_options().get(_READONLY, False)
     connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
@@ -212,15 +231,17 @@ def _sqlite_file(url: URL) -> Path | None:
     return None if database.startswith("file:") else Path(database).expanduser()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, readonly: bool = False) -> Engine:
     """An engine for *url* with enginectl's settings (also used by `migrations/env.py`).
 
-    `postgresql://` and `postgres://` mean psycopg 3; SQLite gets its parent directory made.
+    `postgresql://` and `postgres://` mean psycopg 3; SQLite gets its parent directory made,
+    unless *readonly*: then a SQLite file that does not exist is `NoRegistryError` and the
+    one that does is opened with `mode=ro` (nothing is created, not even its folder).
     """
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise RegistryError(f"not a registry URL: {url!r} ({exc})") from exc
+        raise RegistryError(f"not a registry URL: {safe_url(url)!r} ({exc})") from exc
     backend = parsed.get_backend_name()
     if backend in ("postgresql", "postgres"):
         if parsed.drivername in ("postgresql", "postgres"):
@@ -232,10 +253,40 @@ def make_engine(url: str) -> Engine:
             "use sqlite:///path/registry.db or postgresql+psycopg://user@host/db"
         )
     path = _sqlite_file(parsed)
+    if readonly:
+        if path is None:
+            raise RegistryError(f"registry {safe_url(parsed)} is not a SQLite file: nothing "
+                                "to read")
+        return _readonly_sqlite_engine(parsed, path)
     if path is not None:
         prepare_sqlite_file(path)
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
     event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _readonly_sqlite_engine(parsed: URL, path: Path) -> Engine:
+    """An engine on the existing SQLite file *path* that cannot create or write it."""
+    import sqlite3
+
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise NoRegistryError(safe_url(parsed), missing=True) from None
+    except OSError as exc:
+        raise RegistryError(f"cannot use registry {safe_url(parsed)}: "
+                            f"{exc.strerror or exc}") from exc
+    if size == 0:
+        raise DamagedRegistryError(str(path))
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_S,
+                               check_same_thread=False)
+
+    engine = create_engine(parsed, creator=connect)
+    event.listen(engine, "connect", _sqlite_on_connect_readonly)
     event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
@@ -301,17 +352,15 @@ def _migrate_if(engine: Engine, wanted: set[SchemaState]) -> str | None:
 
 
 def current(url: str) -> str | None:
-    """The database's schema revision, or None when it has none yet (a SQLite file that
-    does not exist is not created)."""
+    """The database's schema revision, or None when it has none yet; reads only (a SQLite
+    file that does not exist is not created, one that does is opened read-only)."""
     try:
         path = _sqlite_file(make_url(url))
     except ArgumentError:
         path = None  # make_engine explains
     if path is not None and not path.exists():
         return None
-    if path is not None and path.stat().st_size == 0:
-        raise DamagedRegistryError(str(path))
-    engine = make_engine(url)
+    engine = make_engine(url, readonly=path is not None)
     try:
         with _translating(safe_url(url)):
             return _peek_revision(engine)
@@ -345,11 +394,13 @@ def _refuse_flush(session: Session, _context: Any, _instances: Any) -> None:
 class Registry:
     """An open registry: an engine plus the schema policy. Close it (or use `with`)."""
 
-    def __init__(self, engine: Engine, url: str) -> None:
+    def __init__(self, engine: Engine, url: str, *, readonly: bool = False) -> None:
         self._engine = engine
         self.url = url
         """The registry URL with its password hidden."""
         self.dialect: str = engine.dialect.name
+        self.readonly = readonly
+        """Opened for reading only (`open_registry(readonly=True)`): write sessions refused."""
 
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
@@ -359,6 +410,8 @@ class Registry:
         `SchemaError` unless it is this binary's head. Read-only sessions skip that check,
         take no write lock on SQLite, and refuse writes.
         """
+        if self.readonly and not readonly:
+            raise RegistryError(f"write attempted on registry {self.url}, opened for reading")
         with _translating(self.url), self._engine.connect() as connection:
             connection.execution_options(**{_READONLY: readonly})
             if readonly and self.dialect == "postgresql":
@@ -399,8 +452,11 @@ class Registry:
         self.close()
 
 
-def open_registry(url: str) -> Registry:
-    """Open the registry at *url*, creating or migrating it as the module docstring says."""
+def open_registry(url: str, *, readonly: bool = False) -> Registry:
+    """Open the registry at *url*, creating or migrating it as the module docstring says;
+    with *readonly*, only an existing registry at this binary's schema, never changed."""
+    if readonly:
+        return _open_readonly(url)
     engine = make_engine(url)
     shown = safe_url(url)
     wanted: set[SchemaState] = {"empty", "behind"} if engine.dialect.name == "sqlite" else {"empty"}
@@ -417,3 +473,21 @@ def open_registry(url: str) -> Registry:
         engine.dispose()
         raise _schema_error(revision, state, shown)
     return Registry(engine, shown)
+
+
+def _open_readonly(url: str) -> Registry:
+    engine = make_engine(url, readonly=True)
+    shown = safe_url(url)
+    try:
+        with _translating(shown):
+            revision = _peek_revision(engine)
+        state = schema_state(revision)
+    except BaseException:
+        engine.dispose()
+        raise
+    if state != "current":
+        engine.dispose()
+        if state == "empty":
+            raise NoRegistryError(shown, missing=False)
+        raise _schema_error(revision, state, shown)
+    return Registry(engine, shown, readonly=True)

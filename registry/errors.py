@@ -2,12 +2,13 @@
 
     EnginectlError                 root; carries the CLI exit code
     ├── UsageError                 bad command-line input (exit 2)
-    │   ├── UnknownModelError      resolve for a model the registry has no artifact of:
-    │   │                          model, the models it knows
-    │   ├── NothingResolvableError every artifact of the model was rejected for the node:
-    │   │                          model, gpu, one reason per artifact
-    │   └── ConfigError            a bad value in the environment (ENGINECTL_HOME is a file,
-    │                              ENGINECTL_S3_ENDPOINT_URL is not a URL): variable, value
+    │   ├── UnknownModelError      resolve for a model the registry has no artifact of
+    │   │                          (exit 6, not found): model, the models it knows
+    │   ├── NothingResolvableError every artifact of the model was rejected for the node
+    │   │                          (exit 6, not found): model, gpu, one reason per artifact
+    │   └── ConfigError            a bad value in the environment (ENGINECTL_HOME is a file
+    │                              or relative, ENGINECTL_REGISTRY_URL is not a URL):
+    │                              variable, value
     ├── StoppedError               the user interrupted a fetch or publish (Ctrl-C, exit 130);
     │                              says what was kept and that a re-run resumes
     └── RegistryError              registry, store or integrity problem (exit 4)
@@ -18,14 +19,21 @@
         │                          expected, actual
         ├── ManifestError          a manifest is malformed or unsafe (bad path, duplicate)
         ├── SchemaError            the SQL registry's schema is missing, behind or newer than
-        │                          this binary: revision, head, url
+        │   │                      this binary: revision, head, url
+        │   └── NoRegistryError    a read found no registry (no SQLite file, no tables):
+        │                          url, missing
         ├── DamagedRegistryError   the registry's SQLite file is not a database, is damaged
         │                          or is empty: path
         ├── ConflictError          a registry write collides with an existing row: what
-        ├── RecordNotFoundError    no such artifact, alias or stage run in the registry:
-        │                          what, name
+        ├── RecordNotFoundError    no such artifact, alias or stage run in the registry
+        │                          (exit 6, not found: the registry answered): what, name
         └── UnreadyError           the artifact's status forbids the verb (a quarantined
                                    fetch, an unproven pull): digest, status, reason
+
+Exit 6 (`NOT_FOUND`) is "the registry answered, and has no such thing" (an unknown alias,
+ref or model, nothing that serves on this GPU): a script can tell it from exit 4, an outage
+or a fault of the registry or store. Those errors keep their place in the tree (`except
+RegistryError` still catches a missing record) and only carry the other code.
 
 `pipeline.errors` hangs its own errors (recipe, plan, stage, smoke) under the same root.
 Only the CLI catches them; everything else raises with `raise ... from exc`.
@@ -33,10 +41,23 @@ Only the CLI catches them; everything else raises with `raise ... from exc`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from registry.digest import Digest
+
+NOT_FOUND: Final = 6
+"""The exit code of an unknown alias, ref or model (the registry answered: it has none)."""
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`; did you mean 'x'?` for the known name closest to *word* (difflib's ratio at least
+    0.6), else ""; for messages that quote a misspelt name (recipe keys, aliases, models)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class EnginectlError(Exception):
@@ -142,6 +163,18 @@ class SchemaError(RegistryError):
         super().__init__(message)
 
 
+class NoRegistryError(SchemaError):
+    """A read found no registry at *url*: no SQLite file (*missing*), or a database without
+    enginectl's tables. Reads never create one; the message says what does."""
+
+    def __init__(self, url: str, *, missing: bool) -> None:
+        self.missing = missing
+        what = (f"no registry at {url} (the file does not exist)" if missing
+                else f"registry {url} is empty (no enginectl tables)")
+        super().__init__(f"{what}; `enginectl db upgrade` creates it, and so does the first "
+                         "command that writes to it (import, build)", url=url)
+
+
 class DamagedRegistryError(RegistryError):
     """The SQLite file at *path* is not a usable database (garbage, truncated, scrambled or
     empty); the store still holds everything, and `enginectl reindex` rebuilds from it."""
@@ -170,7 +203,9 @@ class ConflictError(RegistryError):
 
 
 class RecordNotFoundError(RegistryError):
-    """The registry has no *what* (artifact, alias, stage run) called *name*."""
+    """The registry has no *what* (artifact, alias, stage run) called *name* (exit 6)."""
+
+    exit_code = NOT_FOUND
 
     def __init__(self, what: str, name: str, *, hint: str | None = None) -> None:
         self.what = what
@@ -184,15 +219,14 @@ class ManifestError(RegistryError):
 
 
 class UnknownModelError(UsageError):
-    """The registry has no artifact of *model* (a typo, or the wrong registry)."""
+    """The registry has no artifact of *model* (a typo, or the wrong registry; exit 6)."""
+
+    exit_code = NOT_FOUND
 
     def __init__(self, model: str, known: list[str]) -> None:
-        import difflib
-
         self.model = model
         self.known = known
-        close = difflib.get_close_matches(model, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(model, known)
         listed = f" (it has {', '.join(known[:8])}{', …' if len(known) > 8 else ''})" \
             if known else " (it has none yet)"
         super().__init__(f"no artifact of model {model!r} in the registry{hint}{listed}; "
@@ -200,7 +234,10 @@ class UnknownModelError(UsageError):
 
 
 class NothingResolvableError(UsageError):
-    """No artifact of *model* can serve on *gpu*; *reasons* has one line per rejection."""
+    """No artifact of *model* can serve on *gpu*; *reasons* has one line per rejection
+    (exit 6: the registry answered, and has nothing for this node)."""
+
+    exit_code = NOT_FOUND
 
     def __init__(self, model: str, gpu: str, reasons: list[str], *, next_step: str) -> None:
         self.model = model

@@ -11,8 +11,11 @@ and `build` what a fully cached build needs to know (`build_state`): it reads th
 from a registry at the schema head (`HEAD`), and leaves any other to `registry.db`.
 
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
-or has no tables yet, is a registry with no artifacts; one that is empty (0 bytes), not a
-database, truncated or scrambled is `DamagedRegistryError`, as in `registry.db`.
+or has no tables yet, is a registry with no artifacts (a plan builds everything; a full
+digest is fetched from the store alone), except that an alias or a digest prefix looked up
+in it is `NoRegistryError`, which names the command that creates one; a file that is empty
+(0 bytes), not a database, truncated or scrambled is `DamagedRegistryError`, as in
+`registry.db`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from registry.errors import DamagedRegistryError, RegistryError
+from registry.errors import (
+    DamagedRegistryError,
+    NoRegistryError,
+    RecordNotFoundError,
+    RegistryError,
+)
 from registry.refs import resolve_with
 
 HEAD: Final = "0003"
@@ -47,9 +55,17 @@ class Found:
 def lookup(url: str, ref: str) -> Found:
     """The artifact *ref* (digest, unique prefix or alias) names in the registry at *url*.
 
-    RecordNotFoundError / UsageError as `registry.refs.resolve_ref` raises them."""
+    RecordNotFoundError / UsageError as `registry.refs.resolve_ref` raises them;
+    NoRegistryError for an alias or a prefix when there is no registry at *url*."""
     with _reader(url) as reader:
-        digest = resolve_with(ref, reader.find_by_prefix, reader.get_alias)
+        try:
+            digest = resolve_with(ref, reader.find_by_prefix, reader.get_alias,
+                                  reader.alias_names)
+        except RecordNotFoundError as exc:
+            full = re.fullmatch(r"sha256:[0-9a-f]{64}", ref) is not None
+            if reader.absent is None or full:  # a full digest may still be in the store
+                raise
+            raise NoRegistryError(shown(url), missing=reader.absent == "file") from exc
         return Found(digest, *reader.status(digest))
 
 
@@ -147,11 +163,12 @@ def _seconds(started: Any, finished: Any) -> float | None:
 
 class _Reader:
     """Three SELECTs over a DB-API connection; *connection* is None for a registry with no
-    tables yet (nothing is registered)."""
+    tables yet (nothing is registered): *absent* then says why ("file" or "tables")."""
 
-    def __init__(self, connection: Any, placeholder: str) -> None:
+    def __init__(self, connection: Any, placeholder: str, absent: str | None = None) -> None:
         self._connection = connection
         self._placeholder = placeholder
+        self.absent = absent if connection is None else None
 
     def rows(self, sql: str, *values: str) -> list[tuple[Any, ...]]:
         if self._connection is None:
@@ -236,6 +253,9 @@ class _Reader:
                           f"sha256:{hex_prefix}%")
         return sorted(row[0] for row in rows)
 
+    def alias_names(self) -> list[str]:
+        return sorted(str(row[0]) for row in self.rows("SELECT name FROM aliases"))
+
     def get_alias(self, name: str) -> str | None:
         rows = self.rows("SELECT digest FROM aliases WHERE name = ?", name)
         return rows[0][0] if rows else None
@@ -266,8 +286,8 @@ def _reader(url: str) -> Iterator[_Reader]:
             "use sqlite:///path/registry.db or postgresql+psycopg://user@host/db"
         )
     try:
-        with opener(url) as connection:
-            yield _Reader(connection, placeholder)
+        with opener(url) as (connection, absent):
+            yield _Reader(connection, placeholder, absent)
     except driver_error as exc:
         lines = str(exc).strip().splitlines()
         detail = lines[0] if lines else type(exc).__name__
@@ -285,14 +305,15 @@ def _damaged(exc: Exception) -> bool:
 
 
 @contextmanager
-def _sqlite(url: str) -> Iterator[Any]:
-    """A read-only connection, or None when there is no registry file (or no tables) yet.
-    The path rules are SQLAlchemy's: `sqlite:///relative.db`, `sqlite:////absolute.db`."""
+def _sqlite(url: str) -> Iterator[tuple[Any, str | None]]:
+    """A read-only connection, or None and why ("file", "tables") when there is no registry
+    file (or no tables) yet. The path rules are SQLAlchemy's: `sqlite:///relative.db`,
+    `sqlite:////absolute.db`."""
     import sqlite3
 
     file = _sqlite_path(url)
     if not file.is_file():
-        yield None
+        yield None, "file"
         return
     if file.stat().st_size == 0:
         raise DamagedRegistryError(str(file))
@@ -300,7 +321,7 @@ def _sqlite(url: str) -> Iterator[Any]:
     with closing(sqlite3.connect(uri, uri=True, timeout=30)) as connection:
         tables = {row[0] for row in connection.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        yield connection if {"artifacts", "aliases"} <= tables else None
+        yield (connection, None) if {"artifacts", "aliases"} <= tables else (None, "tables")
 
 
 def _sqlite_path(url: str) -> Path:
@@ -312,7 +333,7 @@ def _sqlite_path(url: str) -> Path:
 
 
 @contextmanager
-def _postgres(url: str) -> Iterator[Any]:
+def _postgres(url: str) -> Iterator[tuple[Any, str | None]]:
     import psycopg
 
     parts = urlsplit(url)
@@ -321,7 +342,7 @@ def _postgres(url: str) -> Iterator[Any]:
         found = connection.execute(
             "SELECT to_regclass('artifacts') IS NOT NULL AND to_regclass('aliases') IS NOT NULL"
         ).fetchone()
-        yield connection if found and found[0] else None
+        yield (connection, None) if found and found[0] else (None, "tables")
 
 
 def shown(url: str) -> str:

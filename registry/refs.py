@@ -4,10 +4,10 @@ digits (with or without `sha256:`), or an alias name."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Final
 
-from registry.errors import RecordNotFoundError, UsageError
+from registry.errors import RecordNotFoundError, UsageError, did_you_mean
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -42,14 +42,33 @@ def resolve_ref(session: Session, ref: str) -> str:
     from registry import records
 
     return resolve_with(ref, lambda prefix: records.find_by_prefix(session, prefix),
-                        lambda name: records.get_alias(session, name))
+                        lambda name: records.get_alias(session, name),
+                        lambda: alias_names(session))
+
+
+def alias_names(session: Session) -> list[str]:
+    """Every alias name, for "did you mean"."""
+    from sqlalchemy import select
+
+    from registry.models import Alias
+
+    return sorted(session.scalars(select(Alias.name)))
+
+
+def unknown_alias(what: str, name: str, known: Iterable[str]) -> RecordNotFoundError:
+    """RecordNotFoundError (exit 6) for the alias *name*, with the closest known alias."""
+    close = did_you_mean(name, known).removeprefix("; ")
+    return RecordNotFoundError(
+        what, name, hint=f"{close + ' ' if close else ''}`enginectl ls` lists artifacts and "
+                         "their aliases")
 
 
 def resolve_with(
-    ref: str, find_by_prefix: Callable[[str], list[str]], get_alias: Callable[[str], str | None]
+    ref: str, find_by_prefix: Callable[[str], list[str]], get_alias: Callable[[str], str | None],
+    alias_names: Callable[[], Iterable[str]] = tuple,
 ) -> str:
     """The rules of `resolve_ref` over any reader of the registry (`registry.lookup` reads
-    it without SQLAlchemy)."""
+    it without SQLAlchemy); *alias_names* lists the aliases when *ref* names none."""
     if _HEX.match(ref):
         hex_part = ref.removeprefix("sha256:")
         if len(hex_part) < MIN_PREFIX:
@@ -67,7 +86,5 @@ def resolve_with(
         return matches[0]
     digest = get_alias(ref)
     if digest is None:
-        raise RecordNotFoundError(
-            "alias or artifact", ref, hint="`enginectl ls` lists artifacts and their aliases"
-        )
+        raise unknown_alias("alias or artifact", ref, alias_names())
     return digest

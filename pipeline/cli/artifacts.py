@@ -120,7 +120,7 @@ def ls_(as_json: bool, **filters: str | None) -> None:
             from registry.errors import UsageError
 
             raise UsageError(f"--gpu: {exc}") from exc
-    rows = ls(context(), **filters)
+    rows = ls(context(readonly=True), **filters)
     if as_json:
         echo_json(rows)
         return
@@ -153,7 +153,7 @@ def show(ref: str, as_json: bool) -> None:
     """
     from registry.inventory import show as show_artifact
 
-    info = show_artifact(context(), ref)
+    info = show_artifact(context(readonly=True), ref)
     if as_json:
         echo_json(info)
         return
@@ -233,7 +233,7 @@ def logs(ref: str, smoke: bool) -> None:
 
     from registry.logs import logs as read_log
 
-    read_log(context(), ref, sys.stdout.buffer, smoke=smoke)
+    read_log(context(readonly=True), ref, sys.stdout.buffer, smoke=smoke)
     sys.stdout.buffer.flush()
 
 
@@ -343,7 +343,7 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
             raise UsageError(f"--gpu: {exc}") from exc
     request = Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
                       min_batch=min_batch, prefer=prefer)
-    ranked = rank_for(context(), request, explain=explain)
+    ranked = rank_for(context(readonly=True), request, explain=explain)
     if as_json:
         echo_json(ranked.as_dict())
     else:

@@ -3,11 +3,11 @@
 Commands live in the modules beside this one, grouped by what they act on (`build`:
 recipes and stage chains; `artifacts`: the registry and store verbs a user or deploy tool
 calls; `maintenance`: fsck, gc, reindex and the schema; `info`: this machine's setup). Only
-the CLI catches errors. Exit codes: 0 ok, 2 bad usage or recipe, 3 a stage failed or this
-machine cannot run it, 4 registry, store or integrity error, 5 smoke check failed, 130
-interrupted, 1 anything unexpected (`--traceback` shows the stack). A closed stdout (`| head`)
-ends a command quietly with 0. Heavy modules are imported inside commands so that
-`enginectl --help` stays fast.
+the CLI catches errors; each carries its exit code (`EXIT_CODES`, shown by `--help`), and
+`--traceback` shows the stack. A closed stdout (`| head`) ends a command quietly with 0.
+Heavy modules are imported inside commands so that `enginectl --help` stays fast.
+Commands that only read the registry open it with `context(readonly=True)`: they never
+create or migrate one.
 
 Every command gets `-q/--quiet` and `-v/--verbose` from the root group (`EnginectlGroup`),
 read back with `verbosity()`; `note` and `detail` print the informational lines they govern.
@@ -29,6 +29,18 @@ import click
 from registry.errors import EnginectlError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_CODES: Final = (
+    (0, "ok"),
+    (1, "unexpected error (one line; --traceback shows the stack)"),
+    (2, "bad usage, recipe or setting (ENGINECTL_*)"),
+    (3, "a stage failed, or this machine cannot run it"),
+    (4, "registry, store or integrity error (unreachable, missing, damaged)"),
+    (5, "a smoke check failed, or a regression held an alias"),
+    (6, "not found: no such alias, ref or model in the registry"),
+    (130, "interrupted (Ctrl-C)"),
+)
+"""What a script can branch on; the root group's --help prints it, README.md has the same."""
 
 QUIET: Final = -1
 NORMAL: Final = 0
@@ -213,15 +225,24 @@ def main(traceback: bool) -> None:
       enginectl build recipes/tiny-llama-cpu.yaml    # build, publish and smoke-test
       enginectl info                                 # where things are, what runs here
       enginectl -q fetch llama70b/h100/prod -o /models/llama70b
+
+    \b
+    Exit codes:
+      {exit_codes}
     """
     del traceback  # read through the context by handle_errors
 
 
-def context() -> Any:
-    """The registry context (store, SQL registry, cache) from the environment."""
+main.help = (main.help or "").replace(  # the table is kept once, in EXIT_CODES
+    "{exit_codes}", "\n      ".join(f"{code:<5}{meaning}" for code, meaning in EXIT_CODES))
+
+
+def context(*, readonly: bool = False) -> Any:
+    """The registry context (store, SQL registry, cache) from the environment; *readonly*
+    for a command that only reads the registry (it is never created or migrated)."""
     from registry.context import Context
 
-    return Context()
+    return Context(readonly=readonly)
 
 
 def announce(ctx: Any) -> None:

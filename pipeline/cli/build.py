@@ -215,7 +215,7 @@ def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) 
     """
     from pipeline.compare import compare as compare_artifacts
     from pipeline.compare import render_table, write_html
-    comparison = compare_artifacts(context(), model, gpu)
+    comparison = compare_artifacts(context(readonly=True), model, gpu)
     if as_json:
         echo_json(comparison.as_dict())
     else:

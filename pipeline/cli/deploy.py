@@ -97,7 +97,7 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
     from pipeline.deploy.pull import pull as pull_artifact
 
     _check(ref, model, gpu)
-    with context() as ctx:
+    with context(readonly=True) as ctx:  # reads the registry, never writes it
         announce(ctx)
         pulled = pull_artifact(
             ctx, ref, output, model=model, gpu=gpu, gpu_count=gpu_count,
@@ -143,7 +143,7 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
                    f"{pulled.served_model_name!r} on {pulled.host}:{pulled.port}: "
                    f"{pulled.command}", err=True)
 
-    with context() as ctx:
+    with context(readonly=True) as ctx:  # reads the registry, never writes it
         code = serve_artifact(
             ctx, ref, model=model, gpu=gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
             min_batch=min_batch, prefer=prefer, host=host, port=port, executable=executable,

@@ -135,5 +135,5 @@ def test_cli_resolve_compare_ls_and_show_say_where_evidence_comes_from(
     assert json.loads(cli(deploy_env, "show", entry, "--json").stdout)[
         "smoke_reports"][0]["gpu"] == "CPU"
 
-    unknown = cli(deploy_env, "resolve", "--model", "nope", "--gpu", "cpu", code=2)
+    unknown = cli(deploy_env, "resolve", "--model", "nope", "--gpu", "cpu", code=6)
     assert unknown.stderr.startswith("enginectl: error: no artifact of model 'nope'")

@@ -144,7 +144,7 @@ def test_pull_by_model_resolves_for_the_gpu_and_says_why_nothing_fits(
     assert lines[0].startswith("nothing to serve tiny-llama on CPU: 1 artifacts rejected; "
                                "`enginectl resolve --model tiny-llama --gpu CPU --explain`")
     assert lines[1:] == [f"  {entry[:19]}… vllm: not ready (status quarantined)"]
-    assert raised.value.exit_code == 2
+    assert raised.value.exit_code == 6  # not found: nothing here serves it
     assert not (tmp_path / "x").exists()
 
 
@@ -279,10 +279,10 @@ def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
     assert (tmp_path / "h" / "model.safetensors").is_file()
 
     unknown = cli(env, "pull", "--model", "nope", "--gpu", "cpu", "-o", str(tmp_path / "i"),
-                  code=2)
+                  code=6)
     assert "no artifact of model 'nope'" in unknown.stderr
     nothing = cli(env, "pull", "--model", "m", "--gpu", "cpu", "-o", str(tmp_path / "i"),
-                  code=2)
+                  code=6)
     lines = stderr_of(nothing).strip().splitlines()
     assert lines[0].startswith("enginectl: error: nothing to serve m on CPU: 1 artifacts "
                                "rejected")

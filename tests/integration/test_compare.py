@@ -201,7 +201,7 @@ def test_cli_json_html_and_errors(seeded: Seeded, tmp_path: Path) -> None:
     table = run_cli(seeded.home, "compare", "--model", "m", "--gpu", "h100").stdout
     assert seeded.a100[7:19] not in table
     assert seeded.h100[7:19] in table
-    missing = run_cli(seeded.home, "compare", "--model", "nope", code=4)
+    missing = run_cli(seeded.home, "compare", "--model", "nope", code=6)
     assert missing.stderr.startswith("enginectl: error: no ready artifact of 'nope'")
     bad = run_cli(seeded.home, "compare", "--model", "m", "--gpu", "h9000", code=2)
     assert "unknown GPU 'h9000'" in bad.stderr

@@ -56,8 +56,9 @@ def test_info_says_where_everything_is_and_what_answers(env: dict[str, str],
     assert locations["work"] == {"value": str(tmp_path / "home" / "work"),
                                  "source": "default: <home>/work"}
     assert found["store"]["ok"] is True
-    assert found["registry"] == {"ok": True, "detail": "reachable; no schema yet (the first "
-                                 "write creates and migrates it)"}
+    assert found["registry"] == {"ok": True, "detail": "reachable; no registry yet: `enginectl "
+                                 "db upgrade` creates it, and so does the first command that "
+                                 "writes to it (import, build)"}
     assert found["schema"] == {"revision": None, "head": HEAD, "state": "empty"}
     assert not (tmp_path / "home" / "registry.db").exists()  # asking created nothing
     runtimes = found["runtimes"]

@@ -10,7 +10,7 @@ import pytest
 
 from registry import records
 from registry.db import Registry
-from registry.errors import RecordNotFoundError, RegistryError, UsageError
+from registry.errors import NoRegistryError, RecordNotFoundError, RegistryError, UsageError
 from registry.lookup import Found, lookup, shown
 from registry.refs import resolve_ref
 from tests.integration.db_fixtures import make_record
@@ -58,13 +58,20 @@ def test_an_ambiguous_prefix_is_refused_alike(registry: Registry, registry_url: 
 
 def test_a_registry_that_does_not_exist_yet_lists_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'never' / 'registry.db'}"
-    with pytest.raises(RecordNotFoundError):
+    with pytest.raises(RecordNotFoundError):  # a full digest: fetch asks the store next
         lookup(url, "sha256:" + "1" * 64)
+    for ref in ("prod", "1" * 12):  # an alias or a prefix: say there is no registry
+        with pytest.raises(NoRegistryError, match=r"\(the file does not exist\); `enginectl db "
+                           "upgrade` creates it"):
+            lookup(url, ref)
     assert not (tmp_path / "never").exists()  # reading created nothing
 
 
 def test_an_empty_postgres_schema_lists_nothing(postgres_url: str) -> None:
     with pytest.raises(RecordNotFoundError):
+        lookup(postgres_url, "sha256:" + "1" * 64)
+    with pytest.raises(NoRegistryError, match=r"is empty \(no enginectl tables\); `enginectl "
+                       "db upgrade` creates it"):
         lookup(postgres_url, "prod")
 
 

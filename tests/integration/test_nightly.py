@@ -166,7 +166,7 @@ def test_a_driver_bump_rebuilds_the_engine_and_re_proves_the_checkpoint(box: Box
     with open_registry(box.registry_url) as registry, registry.session() as session:
         statuses = {a.digest: a.status for a in list_artifacts(session, kind="trtllm-engine")}
         assert statuses == {old_engine: "ready", new_engine: "superseded"}
-    failed = box.run("rollback", "toy/nothing/here", code=2)
+    failed = box.run("rollback", "toy/nothing/here", code=6)
     assert "points nowhere" in failed.stderr
 
     # promotion, supersession and rollback are in the store: reindex restores them

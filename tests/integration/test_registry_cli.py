@@ -65,7 +65,7 @@ def test_import_ls_show_tag_fetch_resolve_fsck(env: dict[str, str], tmp_path: Pa
     assert "--force" in refused.stderr
     ranked = json.loads(run(env, "resolve", "--model", "m", "--gpu", "h100", "--json").stdout)
     assert ranked["candidates"][0]["digest"] == digest
-    missing = run(env, "resolve", "--model", "m", "--gpu", "l4", "--explain", code=4)
+    missing = run(env, "resolve", "--model", "m", "--gpu", "l4", "--explain", code=6)
     assert "--explain" in missing.stderr
     run(env, "fsck")
     run(env, "gc", "--dry-run")
@@ -89,23 +89,23 @@ def test_resolve_explain_gives_the_reason_for_every_rejection(env: dict[str, str
         ranked = json.loads(out.stdout)
         return {r["digest"]: r["reason"] for r in ranked["rejected"]}
 
-    assert reasons("--gpu", "l4", code=4) == {
+    assert reasons("--gpu", "l4", code=6) == {
         h100: "GPU mismatch: engine built for H100-SXM5-80GB, node has L4",
         unready: "not ready (status built)",
         a100: "GPU mismatch: engine built for A100-SXM4-80GB, node has L4",
     }
-    assert reasons("--gpu", "h100", "--min-seq-len", "8192", code=4) == {
+    assert reasons("--gpu", "h100", "--min-seq-len", "8192", code=6) == {
         h100: "shape too small: max_seq_len 4096 < 8192",
         unready: "not ready (status built)",
         a100: "GPU mismatch: engine built for A100-SXM4-80GB, node has H100-SXM5-80GB",
     }
-    assert reasons("--gpu", "a100", "--gpus", "1", code=4) == {
+    assert reasons("--gpu", "a100", "--gpus", "1", code=6) == {
         h100: "GPU mismatch: engine built for H100-SXM5-80GB, node has A100-SXM4-80GB",
         unready: "not ready (status built)",
         a100: "needs tp 2, node has 1 GPUs",
     }
     text = run(env, "resolve", "--model", "m", "--gpu", "a100", "--gpus", "1", "--explain",
-               code=4).stdout.splitlines()
+               code=6).stdout.splitlines()
     assert f"rejected {a100[:19]}… trtllm-engine: needs tp 2, node has 1 GPUs" in text
     assert f"rejected {unready[:19]}… trtllm-engine: not ready (status built)" in text
 
@@ -114,12 +114,12 @@ def test_resolve_explain_gives_the_reason_for_every_rejection(env: dict[str, str
     ("args", "code", "fragment"),
     [
         (["fetch", "deadbeef", "-o", "x"], 2, "too short"),
-        (["fetch", "nosuchalias", "-o", "x"], 4, "no alias or artifact 'nosuchalias'"),
+        (["fetch", "nosuchalias", "-o", "x"], 4, "`enginectl db upgrade` creates it"),
         (["fetch", "sha256:" + "0" * 64, "-o", "x"], 4, "not found"),
         (["import", ".", "--kind", "engine", "--model", "m"], 2, "--kind 'engine'"),
         (["resolve", "--model", "m", "--gpu", "v100"], 2, "unknown GPU 'v100'"),
         (["gc", "--grace", "a week"], 2, "--grace 'a week'"),
-        (["untag", "nope"], 4, "no alias 'nope'"),
+        (["untag", "nope"], 6, "no alias 'nope'"),
     ],
 )
 def test_bad_input_is_one_line_with_the_right_exit_code(
