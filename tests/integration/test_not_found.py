@@ -1,0 +1,106 @@
+"""Exit codes a script can branch on (issue 21, point 6): "not found" (an unknown alias, ref
+or model, nothing that serves on this GPU) is exit 6 with the closest known name, never the
+exit 4 of an outage; the table is in `enginectl --help` and, the same, in the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.base import EXIT_CODES
+from tests.helpers import ROOT
+from tests.integration.test_registry_verbs import make_engine
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+ALIAS = "llama/h100/prod"
+
+
+def run(env: dict[str, str], *args: str, code: int, one_line: bool = True) -> str:
+    """Run enginectl, expect *code*, and return its (first) error line, or stdout when 0;
+    with *one_line*, the error must be one line."""
+    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == code, (args, done.stdout, done.stderr)
+    if code == 0:
+        return done.stdout
+    lines = [line for line in done.stderr.splitlines()
+             if not line.startswith("enginectl: note: ")]
+    assert len(lines) == 1 or not one_line, done.stderr
+    assert lines[0].startswith("enginectl: error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A registry with one ready engine of model 'llama' on H100, tagged ALIAS."""
+    root = tmp_path_factory.mktemp("not-found")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENGINECTL_HOME": str(root / "home"),
+           "ENGINECTL_CACHE_DIR": str(root / "cache"), "ENGINECTL_VLLM_PYTHON": "python3"}
+    engine = make_engine(root / "engine", tp=1)
+    digest = json.loads(run(env, "import", str(engine), "--kind", "trtllm-engine", "--model",
+                            "llama", "--gpu", "h100", "--ready", "--json", code=0))["digest"]
+    run(env, "tag", digest, ALIAS, code=0)
+    env["OUT"] = str(root / "out")
+    return env
+
+
+@pytest.mark.parametrize("args", [
+    ["show", "llama/h100/prd"],
+    ["fetch", "llama/h100/prd", "-o", "OUT"],
+    ["pull", "llama/h100/prd", "-o", "OUT"],
+    ["logs", "llama/h100/prd"],
+    ["tag", "llama/h100/prd", "llama/h100/canary"],
+    ["untag", "llama/h100/prd"],
+    ["rollback", "llama/h100/prd"],
+])
+def test_an_unknown_alias_is_exit_6_with_the_closest_one(home: dict[str, str],
+                                                         args: list[str]) -> None:
+    line = run(home, *[home["OUT"] if a == "OUT" else a for a in args], code=6)
+    assert "'llama/h100/prd'" in line
+    assert f"did you mean '{ALIAS}'?" in line
+    assert not Path(home["OUT"]).exists()
+
+
+def test_a_name_like_no_alias_gets_no_guess(home: dict[str, str]) -> None:
+    line = run(home, "show", "qwen/a10g/dev", code=6)
+    assert line.startswith("enginectl: error: no alias or artifact 'qwen/a10g/dev' in the "
+                           "registry; `enginectl ls`")
+    assert "did you mean" not in line
+    assert "no artifact '0123456789abcdef'" in run(home, "show", "0123456789abcdef", code=6)
+
+
+@pytest.mark.parametrize("verb", ["resolve", "pull"])
+def test_an_unknown_model_is_exit_6_with_the_closest_one(home: dict[str, str],
+                                                         verb: str) -> None:
+    out = ["-o", home["OUT"]] if verb == "pull" else []
+    line = run(home, verb, "--model", "lama", "--gpu", "h100", *out, code=6)
+    assert "no artifact of model 'lama' in the registry; did you mean 'llama'?" in line
+    nothing = run(home, verb, "--model", "llama", "--gpu", "l4", *out, code=6,
+                  one_line=False)  # pull lists the rejected artifacts below its error
+    assert "L4" in nothing  # known model, nothing for this GPU: not found either
+    assert not Path(home["OUT"]).exists()
+
+
+def test_an_outage_is_still_exit_4(home: dict[str, str]) -> None:
+    down = {**home, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}
+    for args in (["show", ALIAS], ["resolve", "--model", "llama", "--gpu", "h100"],
+                 ["fetch", ALIAS, "-o", home["OUT"]]):
+        assert "cannot use registry postgresql+psycopg://nobody@127.0.0.1:1/x" in run(
+            down, *args, code=4)
+
+
+def test_the_exit_codes_are_in_help_and_the_readme_alike() -> None:
+    shown = subprocess.run([ENGINECTL, "--help"], capture_output=True, text=True, check=True,
+                           timeout=120).stdout
+    for code, meaning in EXIT_CODES:
+        assert re.search(rf"^ +{code} +{re.escape(meaning)}$", shown, re.MULTILINE), code
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = re.findall(r"^\| `(\d+)` \| (.+?) \|$", readme, re.MULTILINE)
+    assert [(int(code), meaning) for code, meaning in table] == list(EXIT_CODES)
+    assert len(re.findall(r"^Exit codes", readme, re.MULTILINE)) == 1  # the one table
