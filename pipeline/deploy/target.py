@@ -113,7 +113,8 @@ def _holding(lock: Path) -> Iterator[None]:
     """flock(2) *lock* (made here) for the block: this staging directory is in use."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks: the name decides
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
     finally:
         os.close(fd)
@@ -123,8 +124,9 @@ def _holding(lock: Path) -> Iterator[None]:
 def _if_abandoned(staging: Path, prefix: str) -> Iterator[bool]:
     """Whether the pull that made *staging* is gone, holding its lock meanwhile when so.
     A staging directory without a lock file (made by an older enginectl, or caught between
-    its mkdtemp and its lock) is judged by its owner's name: this host, and a PID that is
-    not running or is this very process (a restarted container)."""
+    its mkdtemp and its lock), or on a file system without locks, is judged by its owner's
+    name: this host, and a PID that is not running or is this very process (a restarted
+    container)."""
     try:
         fd = os.open(staging / LOCK, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -136,10 +138,13 @@ def _if_abandoned(staging: Path, prefix: str) -> Iterator[bool]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its pull is running
-            yield False
+        except BlockingIOError:  # held: its pull is running
+            gone = False
+        except OSError:  # a file system without locks
+            gone = _gone_by_name(staging.name[len(prefix):])
         else:
-            yield True
+            gone = True
+        yield gone
     finally:
         os.close(fd)
 
