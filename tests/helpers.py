@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +77,25 @@ def only_nvidia_smi(directory: Path) -> Path:
     if not link.exists():
         link.symlink_to(FAKES / "bin" / "nvidia-smi")
     return directory
+
+
+# What a test that signals its child needs at the default: a suite started from a job that
+# ignores SIGINT or SIGHUP (nohup, `cmd &` in a script, some CI runners) passes the ignored
+# signal on to every child, and enginectl keeps it so (a user's `nohup enginectl build`
+# means it). SIGPIPE and SIGXFSZ are the two Python itself ignores.
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT,
+                   signal.SIGPIPE, signal.SIGXFSZ)
+_RESET_THEN_EXEC = (
+    "import os, signal, sys\n"
+    f"for number in {tuple(int(n) for n in DEFAULT_SIGNALS)}:\n"
+    "    signal.signal(number, signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def with_default_signals(argv: Sequence[str | Path]) -> list[str]:
+    """*argv* started with SIGINT, SIGHUP, SIGTERM, SIGQUIT (and SIGPIPE, SIGXFSZ) at their
+    defaults, whatever this test process inherited, for a test that sends it a signal. The
+    program replaces a small Python (exec: same pid) that resets them; not `preexec_fn`,
+    which is unsafe while the test runs server threads."""
+    return [sys.executable, "-I", "-S", "-c", _RESET_THEN_EXEC, *map(str, argv)]

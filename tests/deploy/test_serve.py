@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.smoke import free_port
 from registry.context import Context
 from tests.deploy import artifacts
-from tests.helpers import ROOT, fake_gpu
+from tests.helpers import ROOT, fake_gpu, with_default_signals
 from tests.smoke.conftest import TAG, tagged_processes
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -59,7 +59,8 @@ def wait_answering(process: subprocess.Popen[str], port: int) -> dict[str, Any]:
 
 def start(env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], str]:
     tag = uuid.uuid4().hex
-    process = subprocess.Popen([ENGINECTL, "serve", *args], env={**env, TAG: tag},
+    process = subprocess.Popen(with_default_signals([ENGINECTL, "serve", *args]),
+                               env={**env, TAG: tag},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     return process, tag

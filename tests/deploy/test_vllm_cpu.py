@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from pipeline.smoke import free_port
-from tests.helpers import RECIPES
+from tests.helpers import RECIPES, with_default_signals
 from tests.quantize.conftest import offline_env, tiny_model
 from tests.smoke.conftest import TAG, tagged_processes, vllm_python
 from tests.smoke.test_vllm_cpu import MAX_TOKENS, PROMPTS, transformers_greedy
@@ -171,8 +171,9 @@ def test_serve_answers_and_sigterm_stops_it_and_its_children(
     tag = uuid.uuid4().hex
     env = {**node_env(built, tag), "ENGINECTL_HOME": built.env["ENGINECTL_HOME"],
            "ENGINECTL_VLLM_PYTHON": built.env["ENGINECTL_VLLM_PYTHON"]}
-    serve = subprocess.Popen([ENGINECTL, "serve", "--model", "tiny-llama", "--gpu", "cpu",
-                              "--host", "127.0.0.1", "--port", str(port)], cwd=tmp_path,
+    serve = subprocess.Popen(with_default_signals([
+        ENGINECTL, "serve", "--model", "tiny-llama", "--gpu", "cpu", "--host", "127.0.0.1",
+        "--port", str(port)]), cwd=tmp_path,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
     stopped.append(serve)

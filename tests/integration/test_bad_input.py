@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import stderr_of, without_store_note
+from tests.helpers import stderr_of, with_default_signals, without_store_note
 from tests.integration.s3server import S3Server
 from tests.integration.test_registry_verbs import make_engine
 
@@ -197,7 +197,8 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
     target = tmp_path / "out"
     with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
         proc = subprocess.Popen(
-            [ENGINECTL, "fetch", published.digest, "-o", str(target)], text=True,
+            with_default_signals([ENGINECTL, "fetch", published.digest, "-o", str(target)]),
+            text=True,
             env={**env, "ENGINECTL_S3_ENDPOINT_URL": proxy.endpoint_url},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -245,7 +246,7 @@ def test_ctrl_c_stops_an_s3_import_at_once_and_a_rerun_uploads_the_rest(
     argv = [ENGINECTL, "import", str(engine), "--kind", "trtllm-engine", "--model", "m",
             "--gpu", "h100", "--json"]
     with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
-        proc = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(with_default_signals(argv), text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE,
                                 env={**env, "ENGINECTL_S3_ENDPOINT_URL": proxy.endpoint_url})
         try:

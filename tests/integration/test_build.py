@@ -21,7 +21,7 @@ import yaml
 
 from registry.db import open_registry
 from registry.records import get_stage_run, list_artifacts
-from tests.helpers import fake_gpu, only_nvidia_smi
+from tests.helpers import fake_gpu, only_nvidia_smi, with_default_signals
 from tests.integration.s3server import S3Server
 from tests.integration.test_runner import wait_gone
 
@@ -196,8 +196,10 @@ LEASE_TTL_S = 3.0
 
 
 def start(env: dict[str, str], recipe: Path, *args: str) -> subprocess.Popen[str]:
-    """A builder in a session of its own (so that killpg reaches it and nothing else)."""
-    return subprocess.Popen([ENGINECTL, "build", str(recipe), *args], env=env, text=True,
+    """A builder in a session of its own (so that killpg reaches it and nothing else), its
+    signals at their defaults (the tests send it some)."""
+    return subprocess.Popen(with_default_signals([ENGINECTL, "build", str(recipe), *args]),
+                            env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
 

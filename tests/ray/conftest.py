@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import with_default_signals
 from tests.integration.db_fixtures import postgres_url  # noqa: F401 - a fixture used here
 from tests.integration.s3server import CLEARED, CREDENTIALS, S3Server, start_s3_server
 
@@ -258,8 +259,9 @@ def enginectl(env: dict[str, str], *args: str, code: int | None = 0,
 
 
 def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([ENGINECTL, *args], env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    """enginectl with *args*, its signals at their defaults (a test sends it Ctrl-C)."""
+    return subprocess.Popen(with_default_signals([ENGINECTL, *args]), env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = RAY_TIMEOUT_S) -> None:
