@@ -19,8 +19,10 @@ with the command that serves it here.
 
 `serve.json` (schema `enginectl.serve/v1`) holds the digest, kind, model, runtime, the
 executable found here, the argv for this node (`{model_dir}` filled in, `--host`/`--port` as
-asked), the served model name and the digests placed. DIR is refused when it holds anything
-but a previous pull unless *force*.
+asked), the served model name and the digests placed. What DIR may be, and what in it may
+be replaced, is `pipeline.deploy.guard.check_target`'s one rule, checked before anything is
+read: an absent or empty directory, or one an earlier pull filled (with *force*, an earlier
+fetch too), and never the store, the cache, a home or the working directory.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
+from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from registry.errors import ManifestError, UnreadyError, UsageError
@@ -209,8 +212,8 @@ def merged(selection: Selection) -> Manifest:
     owner: dict[str, str] = {}
     for source in selection.sources:
         for entry in source.files:
-            if entry.path == SERVE_FILE:
-                raise ManifestError(f"{source.digest} has a file {SERVE_FILE!r}, which pull "
+            if entry.path in (SERVE_FILE, MARKER):
+                raise ManifestError(f"{source.digest} has a file {entry.path!r}, which pull "
                                     "writes itself; fetch it instead")
             known = files.get(entry.path)
             if known is not None and (known.xxh3, known.size) != (entry.xxh3, entry.size):
@@ -247,12 +250,13 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
 
 def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runtime,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
-          force: bool = False, progress: Progress | None = None) -> Pulled:
+          progress: Progress | None = None) -> Pulled:
     """Put *selection*'s files and its `serve.json` at *dest*, all or nothing
-    (`pipeline.deploy.target.staged`)."""
+    (`pipeline.deploy.target.staged`), replacing what is there: *dest* is one `check_target`
+    accepted (`pull`) or enginectl's own (`serve`'s serving directory)."""
     dest = Path(dest).absolute()
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
-    with staged(dest, force=force) as tree:
+    with staged(dest, digest=selection.found.digest) as tree:
         fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
                                  verify=verify, progress=progress)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
@@ -285,6 +289,7 @@ def pull(
     *dest*, and write the command that serves it on this node (module doc)."""
     if (ref is None) == (model is None):
         raise UsageError("pull takes a REF or --model, not both")
+    dest = check_target(dest, force=force, verb="pull", places=protected_places(ctx))
     request = None if model is None else node_request(
         model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
         prefer=prefer)
@@ -292,4 +297,4 @@ def pull(
     runtime = find_runtime(selection.template.runtime, executable=executable)
     ctx.begin(store=False)  # a cache hit needs no store
     return place(ctx, selection, dest, runtime=runtime, host=host, port=port, verify=verify,
-                 force=force, progress=progress)
+                 progress=progress)

@@ -237,9 +237,9 @@ def test_a_directory_that_holds_something_else_is_refused_with_or_without_force(
     (dest / "mine.txt").write_text("keep me")
     with pytest.raises(UsageError, match="is not empty and holds no earlier pull"):
         pull(ctx, entry, dest, executable=PYTHON)
+    with pytest.raises(UsageError, match="--force replaces only a directory pull or fetch"):
+        pull(ctx, entry, dest, executable=PYTHON, force=True)
     assert tree(dest) == {"mine.txt": b"keep me"}
-    pull(ctx, entry, dest, executable=PYTHON, force=True)
-    assert "mine.txt" not in tree(dest)
 
 
 def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
