@@ -15,7 +15,6 @@ MAX_TARGETS targets.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import math
 import re
@@ -37,6 +36,7 @@ from pydantic import (
 from pipeline.errors import RecipeError
 from registry.canonical import floats_as_strings
 from registry.digest import sha256_of, sha256_of_json, tree_digest
+from registry.errors import did_you_mean
 from registry.gpus import UnknownGpuError, lookup_gpu
 
 Quant = Literal["bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4"]
@@ -690,8 +690,7 @@ def _explain(path: Path, node: yaml.Node | None, exc: ValidationError) -> Recipe
     kind = error["type"]
     if kind == "extra_forbidden":
         parent, key = loc[:-1], str(loc[-1])
-        close = difflib.get_close_matches(key, _known_keys(Recipe, parent), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(key, _known_keys(Recipe, parent))
         return RecipeError(
             path, f"unknown key {_quote(key)}{hint}", field=_field_path(loc),
             line=_line_of(node, loc),
