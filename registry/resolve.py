@@ -244,8 +244,9 @@ def resolve(
 ) -> Ranked:
     """Rank the registry's artifacts of *request.model* for *request.gpu*.
 
-    A model the registry has no artifact of raises `UnknownModelError` (exit 2, with the
-    models it does know) instead of an empty ranking: a typo is not "nothing is ready"."""
+    A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
+    with the closest model it does know) instead of an empty ranking: a typo is not
+    "nothing is ready"."""
     with ctx.registry.session(readonly=True) as session:
         found = candidates_for(session, request.model, every_status=explain,
                                gpu=request.gpu.sku)

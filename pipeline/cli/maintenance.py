@@ -149,8 +149,10 @@ def db() -> None:
 @db.command()
 @handle_errors
 def upgrade() -> None:
-    """Migrate the registry to this enginectl's schema (a PostgreSQL registry behind it is
-    refused until this runs; SQLite migrates on its own).
+    """Create the registry, or migrate it to this enginectl's schema. Commands that only
+    read (ls, show, resolve, pull, …) never do either and name this command instead; a
+    PostgreSQL registry behind this enginectl is refused until it runs (a SQLite one, and an
+    empty database, are migrated by the first command that writes).
 
     \b
     Examples:
