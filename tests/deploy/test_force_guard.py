@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from pipeline.deploy.guard import MARKER
 from pipeline.deploy.pull import select
@@ -189,6 +191,23 @@ def test_a_manifest_with_a_name_too_long_is_a_bad_manifest(
     refused = run(user, "fetch", str(digest), "-o", str(tmp_path / "out"), code=4)
     assert "has a name of 300 bytes" in refused.stderr
     assert not (tmp_path / "out").exists()
+
+
+NAME = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/\\:"),
+               min_size=1, max_size=140)
+
+
+@given(st.lists(NAME, min_size=1, max_size=3).map(lambda parts: [p * 2 for p in parts]))
+def test_a_manifest_path_is_refused_exactly_when_a_name_is_longer_than_255_bytes(
+    parts: list[str]
+) -> None:
+    assume(all(part not in (".", "..") for part in parts))
+    path = "/".join(parts)
+    if any(len(part.encode("utf-8")) > 255 for part in parts):
+        with pytest.raises(ManifestError, match="has a name of"):
+            check_path(path)
+    else:
+        assert check_path(path) == path
 
 
 def test_a_directory_where_serve_keeps_its_lock_file_is_one_line(
