@@ -37,12 +37,13 @@ FIRST_RETRY_S: Final = 0.1
 
 class Heartbeat:
     """Renews *owner*'s lease on *key* in a daemon thread from `start` to `stop` (or a `with`
-    block); see the module doc. Start it right after the lease was taken."""
+    block); see the module doc. *taken_at* is when the statement that took the lease was
+    sent (`time.monotonic()`; None: now, for a heartbeat started right after it)."""
 
     def __init__(self, registry: Registry, key: str, *, owner: str, ttl_s: float,
-                 on_lost: Callable[[str], None]) -> None:
+                 on_lost: Callable[[str], None], taken_at: float | None = None) -> None:
         self.registry, self.key, self.owner, self.ttl_s = registry, key, owner, ttl_s
-        self.on_lost = on_lost
+        self.on_lost, self.taken_at = on_lost, taken_at
         self.lost: str | None = None
         """Why the lease was lost (None while it is held)."""
         self._done = threading.Event()
@@ -51,7 +52,7 @@ class Heartbeat:
         self._held_until = 0.0
 
     def start(self) -> Heartbeat:
-        self._held_until = time.monotonic() + self.ttl_s
+        self._held_until = (self.taken_at or time.monotonic()) + self.ttl_s
         self._thread.start()
         return self
 
@@ -71,7 +72,7 @@ class Heartbeat:
     def _beat(self) -> None:
         interval, margin = self.ttl_s / 3, self.ttl_s / 6
         backoff = FIRST_RETRY_S
-        due = time.monotonic() + interval
+        due = self._held_until - self.ttl_s + interval
         error = ""
         while not self._done.wait(max(0.0, due - time.monotonic())):
             sent = time.monotonic()

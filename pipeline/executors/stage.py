@@ -226,6 +226,7 @@ class StageWorker:
         artifact: (digest, whether this builder built it)."""
         host = socket.gethostname()
         while True:
+            asked = time.monotonic()
             with self.ctx.registry.session() as session:
                 got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
                                                 pid=os.getpid(), ttl_s=self.lease_ttl_s,
@@ -242,7 +243,7 @@ class StageWorker:
         if found is not None:  # it finished between our lookup and the lease
             self._release(run, "succeeded", found.digest)
             return found.digest, False
-        guard = _LeaseGuard(self, run)
+        guard = _LeaseGuard(self, run, taken_at=asked)
         try:
             digest = self._build(run, digests, guard)
         except BaseException as exc:
@@ -335,11 +336,13 @@ class _LeaseGuard:
     log and stops the run's children (those logging to the run's log) until the run ends,
     also those started after the loss; the run then fails with `error()`."""
 
-    def __init__(self, worker: StageWorker, run: StageRun) -> None:
+    def __init__(self, worker: StageWorker, run: StageRun, *,
+                 taken_at: float | None = None) -> None:
         self.run, self.log = run, worker._log(run)
         self.ended = threading.Event()
         self.heartbeat = Heartbeat(worker.ctx.registry, run.key, owner=worker.owner,
-                                   ttl_s=worker.lease_ttl_s, on_lost=self._lost).start()
+                                   ttl_s=worker.lease_ttl_s, on_lost=self._lost,
+                                   taken_at=taken_at).start()
 
     @property
     def lost(self) -> str | None:
