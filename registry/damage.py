@@ -6,9 +6,12 @@ whose bytes are not its sha256 stays damaged forever if it is left in place: pub
 a blob of the right size and would never upload it again. What a fetch or `fsck --repair`
 finds damaged is therefore moved under `damaged/<at>-<token>/<its key>` (layout in
 `registry.layout`; gc removes it once older than its grace period), after the damage is
-proven: a hash mismatch is read a second time and must give the same wrong digest (a
-network that corrupted one transfer must not cost a good blob); a wrong size is damage as it
-stands. Nothing here imports SQLAlchemy: fetch uses it.
+proven, by bytes alone: two whole reads whose bytes hash to the same wrong digest (a network
+that corrupted one transfer must not cost a good blob). What a read says about the bytes
+without hashing them (a size in a Content-Range or a HEAD, a short file) is a suspicion
+that sends the blob to be read whole again, with no size assumed; a read that fails for any
+other reason (a transport or protocol fault, the object gone meanwhile) proves nothing, and
+the blob stays. Nothing here imports SQLAlchemy: fetch uses it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from registry.digest import Digest
-from registry.errors import IntegrityError, NotFoundError
+from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.layout import (
     DAMAGED,
     DamagedKey,
@@ -39,20 +42,36 @@ def set_aside(store: Store, key: str, *, now: datetime | None = None) -> str | N
     return aside if store.move_object(key, aside) else None
 
 
-def blob_is_damaged(store: Store, digest: Digest, size: int | None,
-                    first: IntegrityError) -> bool:
-    """Whether the blob really is damaged, given the IntegrityError of one read: a wrong
-    size is; a wrong digest is when a second read gives the same wrong digest."""
-    if first.actual is None:
-        return True
+def read_whole(store: Store, digest: Digest) -> Digest | None:
+    """The digest the blob's bytes hash to on one fresh read of the whole object, no size
+    assumed (*digest* when they check out); None when the read hashed nothing: the blob
+    is gone, or the transport or the protocol failed."""
     with tempfile.TemporaryDirectory(prefix="enginectl-recheck-") as scratch:
         try:
-            store.get_blob(digest, Path(scratch) / "blob", size=size)
+            store.get_blob(digest, Path(scratch) / "blob")
         except IntegrityError as again:
-            return again.actual == first.actual
-        except NotFoundError:
+            return again.actual
+        except (NotFoundError, StoreError):
+            return None
+    return digest
+
+
+def blob_is_damaged(store: Store, digest: Digest, size: int | None,
+                    first: IntegrityError) -> bool:
+    """Whether the blob really is damaged, given the IntegrityError of one read: when two
+    whole reads hash its bytes to the same wrong digest. *first* counts as one when it
+    hashed them; a wrong size it saw only sends the blob to be read whole twice. (*size*,
+    the manifest's, is not assumed by those reads: a blob of another size hashes wrong.)"""
+    del size
+    seen = first.actual
+    for _read in range(2):
+        got = read_whole(store, digest)
+        if got is None or got == digest:
             return False
-    return False
+        if seen is not None:
+            return got == seen
+        seen = got
+    return False  # not reached: the second read always decides
 
 
 def set_aside_damaged_blob(store: Store, digest: Digest, size: int | None,
@@ -63,13 +82,17 @@ def set_aside_damaged_blob(store: Store, digest: Digest, size: int | None,
     return set_aside(store, blob_key(digest))
 
 
-def set_aside_damaged_manifest(store: Store, digest: Digest) -> str | None:
-    """Set the manifest aside when a second read fails its sha256 again; its new key."""
+def set_aside_damaged_manifest(store: Store, digest: Digest,
+                               first: IntegrityError | None = None) -> str | None:
+    """Set the manifest aside when a second whole read fails its sha256 again (to the same
+    wrong digest as *first*, when given); its new key, or None."""
     try:
         store.get_manifest(digest)
-    except IntegrityError:
+    except IntegrityError as again:
+        if first is not None and first.actual is not None and again.actual != first.actual:
+            return None
         return set_aside(store, manifest_key(digest))
-    except NotFoundError:
+    except (NotFoundError, StoreError):
         return None
     return None
 

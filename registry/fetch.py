@@ -158,10 +158,15 @@ class _Run:
                 digest, temp, size=entry.size, progress=self.progress.advance, stop=self.stop))
         except IntegrityError as exc:
             aside = set_aside_damaged_blob(self.store, digest, entry.size, exc)
-            hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish the "
-                    "same content again (`enginectl import`, or rebuild) to restore it"
-                    if aside else "read again, it gave other bytes: the network or the "
-                                  "server is corrupting transfers; retry the fetch")
+            if aside:
+                hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish "
+                        "the same content again (`enginectl import`, or rebuild) to restore it")
+            elif exc.actual is None:
+                hint = ("read again whole, it was not proven damaged and stays in the store: "
+                        "the server or something on the way answers wrongly; retry the fetch")
+            else:
+                hint = ("read again, it gave other bytes: the network or the server is "
+                        "corrupting transfers; retry the fetch")
             raise IntegrityError(f"{entry.path} ({exc.location})", expected=exc.expected,
                                  actual=exc.actual, detail=exc.detail, hint=hint) from exc
         with self._lock:
@@ -352,7 +357,7 @@ def manifest_of(store: Store, digest: str, *, heal: bool = False) -> Manifest:
     except IntegrityError as exc:
         if not heal:
             raise
-        aside = set_aside_damaged_manifest(store, Digest.parse(digest))
+        aside = set_aside_damaged_manifest(store, Digest.parse(digest), exc)
         hint = (f"it was moved to {aside} in {store.url}; publish the same content again "
                 "(`enginectl import`, or rebuild) to restore it" if aside else None)
         raise IntegrityError(exc.location, expected=exc.expected, actual=exc.actual,

@@ -29,7 +29,10 @@ What the store promises, and who keeps it:
   in the AWS config file), so an endpoint behind a private CA serves the GETs too.
 - retries: obstore retries throttling (429, 503 SlowDown), 5xx and connection errors with
   exponential backoff before a body starts; a body cut off mid-read is asked for again
-  here from the byte where it stopped (`stream_retries` times).
+  here from the byte where it stopped (`stream_retries` times), and so is an answer whose
+  Content-Range total is not the size the manifest gives. A fault of the transport or the
+  protocol is never taken for damage of the stored bytes: only a digest that fails again
+  on a fresh whole read is (`registry.damage`).
 - Ctrl-C: the stop event is checked between chunks, and a read blocked on the network is
   in a daemon thread (`registry.workers`) that never holds the process.
 """
@@ -272,6 +275,7 @@ class RangeReader:
         fd: int,
         byte_range: tuple[int, int],
         *,
+        size: int | None = None,
         stop: threading.Event | None = None,
         landed: Callable[[int], None] | None = None,
     ) -> int:
@@ -280,14 +284,22 @@ class RangeReader:
         kernel splices the body into the file (`registry.s3splice`); otherwise, and from
         wherever that stops, obstore streams it in chunks of at most CHUNK. A body cut off
         mid-read is asked for again from the byte where it stopped. Once *stop* is set,
-        StoppedError ends the read at its next chunk."""
+        StoppedError ends the read at its next chunk.
+
+        *size* is the object's size as the caller knows it (a manifest's): an answer whose
+        Content-Range total says otherwise is a fault of that one answer (a proxy, a
+        server's bug) and is asked again, its body unread, like a body cut off; the total
+        returned disagrees with *size* only when every answer said the same. That alone
+        proves nothing against the stored bytes (`registry.damage` reads them whole)."""
         start, end = byte_range
-        done, failure = 0, None
+        done = 0
+        failure: BaseException | None = None
         total: int | None = None
         landed = landed or _ignore
         splicer = self._splicer
         if splicer is not None and splicer.on:
-            done, total = splicer.get(key, fd, byte_range, stop=stop, landed=landed)
+            done, total = splicer.get(key, fd, byte_range, size=size, stop=stop,
+                                      landed=landed)
         for _attempt in range(self.stream_retries):
             check_stop(stop)
             if start + done >= end:
@@ -299,6 +311,10 @@ class RangeReader:
                 raise StoreError(
                     f"get_object {self.where(key)}: the server ignored the Range header",
                     url=self.store_url, key=key, operation="get_object")
+            if size is not None and total != size:  # this answer's word against the
+                failure = WrongTotalError(  # manifest's: ask again, read none of it
+                    f"the answer said the object has {total} bytes, {size} expected")
+                continue
             try:
                 for chunk in result.stream(min_chunk_size=CHUNK):
                     check_stop(stop)
@@ -310,9 +326,14 @@ class RangeReader:
                 continue
             return total
         else:
-            raise self._cut_off(key, failure) from failure
-        assert total is not None  # noqa: S101 - a GET ran before the loop could break
+            if not isinstance(failure, WrongTotalError):
+                raise self._cut_off(key, failure) from failure
+        assert total is not None  # noqa: S101 - a GET ran before the loop could end
         return total
+
+
+class WrongTotalError(Exception):
+    """An answer whose Content-Range total is not the object's size the caller knows."""
 
 
 def _ignore(_n: int) -> None:

@@ -177,11 +177,14 @@ class Splicer:
         self.on = True
 
     def get(self, key: str, fd: int, byte_range: tuple[int, int], *,
-            stop: threading.Event | None, landed: Callable[[int], None]) -> tuple[int, int | None]:
+            stop: threading.Event | None, landed: Callable[[int], None],
+            size: int | None = None) -> tuple[int, int | None]:
         """Splice the bytes in [start, end) of *key* into *fd* at their offsets; return how
         many landed (from *start*, in order; `landed(n)` is told of each piece) and the
         object's size (None when no body started). Fewer than asked: the caller asks
-        for the rest another way. An error writing *fd* (a full disk) is raised."""
+        for the rest another way. An answer whose Content-Range total is not *size* (the
+        size the caller knows) is left unread, the path staying on: one answer's fault.
+        An error writing *fd* (a full disk) is raised."""
         start, end = byte_range
         try:
             url = urlsplit(self._sign(key))
@@ -207,12 +210,12 @@ class Splicer:
                     continue
                 return 0, None
             return self._body(connection, Answer(head), fd, byte_range, stop=stop,
-                              landed=landed)
+                              landed=landed, size=size)
         return 0, None
 
     def _body(self, connection: Connection, answer: Answer, fd: int,
               byte_range: tuple[int, int], *, stop: threading.Event | None,
-              landed: Callable[[int], None]) -> tuple[int, int | None]:
+              landed: Callable[[int], None], size: int | None) -> tuple[int, int | None]:
         start, end = byte_range
         span = answer.body_range()
         length = answer.headers.get("content-length", "")
@@ -220,6 +223,9 @@ class Splicer:
                 or length != str(end - start) or "transfer-encoding" in answer.headers:
             if answer.status not in KEPT or answer.status == 206:
                 self.on = False  # the server does not take these requests as obstore's
+            connection.close()
+            return 0, None
+        if size is not None and span[2] != size:  # obstore asks again, and judges
             connection.close()
             return 0, None
         done = 0

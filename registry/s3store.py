@@ -351,9 +351,9 @@ class S3Store:
                     progress(n)
                 written += n
 
-            seen_total = self._reader.read_into(key, what, fd, (start, end), stop=stop,
-                                                 landed=landed)
-            if seen_total != total:
+            seen_total = self._reader.read_into(key, what, fd, (start, end), size=total,
+                                                 stop=stop, landed=landed)
+            if seen_total != total:  # every answer said so: a suspicion, not yet a proof
                 raise IntegrityError(self.where(key), expected=digest, actual=None,
                                      detail=f"{seen_total} bytes where {total} are expected")
             if written != end - start:

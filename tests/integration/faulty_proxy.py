@@ -2,7 +2,9 @@
 
 `FaultyProxy(upstream, plan)` answers the n-th request with what
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
-"pass" (forward it), "slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
+"pass" (forward it), "total" (forward it, and answer with a Content-Range whose total,
+the object's size, is one more than the server said: a broken server or proxy),
+"slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
 (403 AccessDenied, what S3 says to a request it will not take), "refuse" (the same 403
 sent before reading any of the body, then the connection closed), "reset"
 (close the connection without an answer), "cut" (forward it, then send the headers and
@@ -25,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "slowdown", "forbidden", "refuse", "reset", "cut", "hold"]
+Fault = Literal["pass", "total", "slowdown", "forbidden", "refuse", "reset", "cut", "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -55,6 +57,12 @@ def _read_body(rfile: BinaryIO, length: str | None, encoding: str | None) -> byt
             raw += b"\r\n"
             return bytes(raw)
         raw += rfile.read(size + 2)  # the chunk and its CRLF
+
+
+def _wrong_total(content_range: str) -> str:
+    """`bytes 0-9/100` as `bytes 0-9/101`: the same bytes, said to be of a larger object."""
+    span, _, total = content_range.rpartition("/")
+    return f"{span}/{int(total) + 1}" if total.isdigit() else content_range
 
 
 class FaultyProxy:
@@ -130,7 +138,8 @@ class FaultyProxy:
                 self.send_response(answer.status, answer.reason)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(name, value)
+                        self.send_header(name, _wrong_total(value) if fault == "total"
+                                         and name.lower() == "content-range" else value)
                 # a HEAD's Content-Length is the object's size, not the (empty) body's
                 self.send_header("Content-Length", answer.getheader("Content-Length", "0")
                                  if self.command == "HEAD" else str(len(data)))
