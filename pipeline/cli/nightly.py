@@ -50,21 +50,24 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, d
       enginectl nightly --html /srv/reports/nightly.html --notify https://hooks.slack.com/…
     """
     from pipeline.nightly.report import as_json as report_json
-    from pipeline.nightly.report import notify, text_lines, write_html
+    from pipeline.nightly.report import notify, notify_url_problem, text_lines, write_html
     from pipeline.nightly.run import nightly as run_nightly
+    from pipeline.settings import notify_timeout_s
     from registry.errors import UsageError
 
     if html_path is not None and not html_path.resolve().parent.is_dir():  # before the work
         raise UsageError(f"--html {html_path}: directory {html_path.resolve().parent} does "
                          "not exist")
-    if notify_url is not None and not notify_url.startswith(("http://", "https://")):
-        raise UsageError(f"--notify {notify_url!r}: not an http:// or https:// URL")
+    if notify_url is not None:  # before the work: a run's report is not lost to a typo
+        if (problem := notify_url_problem(notify_url)) is not None:
+            raise UsageError(f"--notify {notify_url!r}: {problem}")
+        timeout_s = notify_timeout_s()
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
     report = run_nightly(recipes, executor=executor, address=address, dry_run=dry_run,
                          jobs=jobs, echo=echo, note=note)
-    if notify_url:
-        report.notify = notify(report, notify_url)
+    if notify_url is not None:
+        report.notify = notify(report, notify_url, timeout_s=timeout_s)
         if not report.notify["ok"]:
             note(f"--notify {notify_url}: the POST failed ({report.notify.get('error')}); "
                  "the run's result stands")

@@ -16,6 +16,7 @@ from pipeline.compare import PAGE_CSS
 from pipeline.keys import short_key
 from pipeline.nightly.run import NightlyReport, TargetReport
 from pipeline.promote import Level
+from pipeline.settings import NOTIFY_TIMEOUT_DEFAULT_S
 from registry.errors import UsageError
 
 
@@ -200,21 +201,59 @@ def write_html(report: NightlyReport, path: Path) -> Path:
     return path
 
 
-def notify(report: NightlyReport, url: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+def notify_url_problem(url: str) -> str | None:
+    """Why *url* cannot be `--notify`'s webhook, in a few words, or None; pure, so the CLI
+    asks before the run starts."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return "an empty URL"
+    if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in url):
+        return "a URL cannot hold spaces, line breaks or other control characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "not an http:// or https:// URL"
+    if not parts.hostname:
+        return "no host in the URL"
+    return None
+
+
+def notify(report: NightlyReport, url: str, *,
+           timeout_s: float = NOTIFY_TIMEOUT_DEFAULT_S) -> dict[str, Any]:
     """POST the JSON report (with its `text` paragraph) to *url*; what happened, never an
-    exception: a webhook that fails does not fail the run."""
+    exception: a webhook that fails does not fail the run. *timeout_s* bounds the whole
+    notification (name lookup, connect, sending, the answer's headers), not each read: a
+    server that drips its answer a byte at a time is given up on at the deadline, the POST
+    left to end with the process."""
+    import threading
     import urllib.error
     import urllib.request
 
-    if not url.startswith(("http://", "https://")):
-        return {"url": url, "ok": False, "error": "not an http:// or https:// URL"}
+    problem = notify_url_problem(url)
+    if problem is not None:
+        return {"url": url, "ok": False, "error": problem}
     data = json.dumps(as_json(report), default=str).encode()
     request = urllib.request.Request(url, data=data, method="POST",  # noqa: S310 - checked
                                      headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
-            return {"url": url, "ok": True, "status": answer.status}
-    except urllib.error.HTTPError as exc:
-        return {"url": url, "ok": False, "status": exc.code, "error": f"HTTP {exc.code}"}
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return {"url": url, "ok": False, "error": " ".join(str(exc).split())}
+    outcome: list[dict[str, Any]] = []
+
+    def post() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
+                outcome.append({"url": url, "ok": True, "status": answer.status})
+        except urllib.error.HTTPError as exc:
+            outcome.append({"url": url, "ok": False, "status": exc.code,
+                            "error": f"HTTP {exc.code}"})
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the run's result stands
+            outcome.append({"url": url, "ok": False, "error": " ".join(str(exc).split())})
+
+    sender = threading.Thread(target=post, name="enginectl-notify", daemon=True)
+    sender.start()
+    sender.join(timeout_s)
+    if not outcome:
+        return {"url": url, "ok": False, "error": f"no answer within {timeout_s:g} s"}
+    return outcome[0]
