@@ -1,10 +1,10 @@
-"""The lease heartbeat (`registry.heartbeat`) and the take-over of a gone holder's lease.
+"""The lease heartbeat (`registry.heartbeat`), with real builders (`enginectl build` and
+`nightly` with the tests/fakes stand-ins) against a real registry: PostgreSQL connections
+dropped under a builder (`pg_terminate_backend`, its role refused a login for a while) never
+hand its key to a second builder; a registry out of reach past the lease loses it; a lease
+taken away stops the stage's tool (or the nightly) and says why.
 
-Real builders (`enginectl build` with the tests/fakes stand-ins) against a real registry:
-PostgreSQL connections dropped under a builder (`pg_terminate_backend`, its role refused a
-login for a while) never hand its key to a second builder; a lease taken away stops the
-stage's tool and the build says why; a lease whose holder is gone from this host (a pid that
-no longer runs, `kill -9`) is taken over at once, not after its TTL.
+The take-over of a gone holder's lease is tests/integration/test_lease_takeover.py.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +30,11 @@ from sqlalchemy.engine import make_url
 from registry import records
 from registry.db import open_registry
 from registry.heartbeat import Heartbeat
-from registry.leases import NIGHTLY_KEY, db_now, nightly_holder, try_acquire_nightly
+from registry.leases import NIGHTLY_KEY, try_acquire_nightly
 from tests.integration.db_fixtures import POSTGRES_URL
 from tests.integration.test_build import (
     ENGINECTL,
+    FAKES,
     SMALL_ENGINE,
     build,
     counts,
@@ -47,7 +46,18 @@ from tests.integration.test_build import (
 from tests.integration.test_runner import wait_gone
 
 GUARD_S = 300  # against a hung builder, not a timing assertion
-TEN_YEARS_S = 10 * 365 * 86400.0
+
+
+def builder_env(tmp_path: Path, registry_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "ENGINECTL_HOME": str(tmp_path / "home"),
+        "ENGINECTL_REGISTRY_URL": registry_url,
+        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
+        "ENGINECTL_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def engine_key(env: dict[str, str], recipe: Path) -> str:
@@ -65,13 +75,6 @@ def lease_of(registry_url: str, key: str) -> records.StageRunRecord:
 def engines(registry_url: str) -> list[records.ArtifactRecord]:
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
         return records.list_artifacts(session, kind="trtllm-engine")
-
-
-def gone_pid() -> int:
-    """The pid of a process of this host that has exited (and was reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def release(fifo: Path) -> None:
@@ -140,17 +143,7 @@ def blip(postgres_url: str) -> Iterator[Blip]:
 
 @pytest.fixture
 def env(tmp_path: Path, postgres_url: str) -> dict[str, str]:
-    from tests.integration.test_build import FAKES
-
-    return {
-        **os.environ,
-        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "ENGINECTL_HOME": str(tmp_path / "home"),
-        "ENGINECTL_REGISTRY_URL": postgres_url,
-        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
-        "ENGINECTL_PYTHON": sys.executable,
-        "HF_HUB_OFFLINE": "1",
-    }
+    return builder_env(tmp_path, postgres_url)
 
 
 BLIP_TTL_S = 12.0
@@ -232,19 +225,10 @@ def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    from tests.integration.test_build import FAKES
-
+    """A builder's environment on either registry (SQLite, or an empty PostgreSQL schema)."""
     url = (f"sqlite:///{tmp_path / 'home' / 'registry.db'}" if request.param == "sqlite"
            else request.getfixturevalue("postgres_url"))
-    return {
-        **os.environ,
-        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "ENGINECTL_HOME": str(tmp_path / "home"),
-        "ENGINECTL_REGISTRY_URL": url,
-        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
-        "ENGINECTL_PYTHON": sys.executable,
-        "HF_HUB_OFFLINE": "1",
-    }
+    return builder_env(tmp_path, url)
 
 
 def test_a_lease_taken_away_stops_the_stage_and_says_why(
@@ -306,119 +290,6 @@ def test_a_nightly_lease_taken_away_is_lost(registry_url: str) -> None:
             assert lost.wait(GUARD_S)
         assert beat.lost == reasons[0]
     assert reasons == [f"lease on {NIGHTLY_KEY} lost: taken over by other on h2 (pid 1)"]
-
-
-# --- the database's clock -----------------------------------------------------------------------
-
-
-def test_lease_times_are_the_databases_own(postgres_url: str) -> None:
-    """A lease's start and expiry are the database's time of the statement (PostgreSQL's
-    now() of the transaction), not the builder's clock."""
-    with open_registry(postgres_url) as registry, registry.session() as session:
-        assert records.try_acquire_lease(session, "k1:clock", owner="me", host="h", pid=1,
-                                         ttl_s=90.0)
-        server_now = db_now(session)
-        lease = records.get_stage_run(session, "k1:clock")
-        assert lease is not None
-        assert lease.started_at == server_now
-        assert lease.lease_expires_at == server_now + timedelta(seconds=90)
-        assert records.renew_lease(session, "k1:clock", owner="me", ttl_s=30.0)
-        renewed = records.get_stage_run(session, "k1:clock")
-        assert renewed is not None
-        assert renewed.lease_expires_at == server_now + timedelta(seconds=30)
-        assert nightly_holder(session) is None
-
-
-# --- a holder gone from this host ---------------------------------------------------------------
-
-
-def test_a_lease_whose_holder_is_gone_from_this_host_is_taken_over(registry_url: str) -> None:
-    """A running lease far from expiry: kept while its holder on this host runs (or runs on
-    another host), taken over at once when its pid is gone or names a process younger than
-    the lease (pid reuse); of two takers, one wins. The nightly lease likewise."""
-    here = socket.gethostname()
-    dead = gone_pid()
-    t0 = datetime(2030, 1, 1, tzinfo=UTC)
-    with open_registry(registry_url) as registry, registry.session() as session:
-        for key in ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused"):
-            pid = os.getppid() if key == "k1:alive" else dead
-            assert records.try_acquire_lease(
-                session, key, owner=f"old-{key}", host="other" if key == "k1:elsewhere"
-                else here, pid=pid, ttl_s=TEN_YEARS_S, now=t0)
-        me = os.getpid()
-        assert not records.try_acquire_lease(session, "k1:alive", owner="new", host=here,
-                                             pid=me, ttl_s=60, now=t0)
-        assert not records.try_acquire_lease(session, "k1:elsewhere", owner="new", host=here,
-                                             pid=me, ttl_s=60, now=t0)
-        assert records.try_acquire_lease(session, "k1:gone", owner="new", host=here, pid=me,
-                                         ttl_s=60, now=t0)
-        assert not records.try_acquire_lease(session, "k1:gone", owner="racer", host=here,
-                                             pid=me + 1, ttl_s=60, now=t0)
-        # the holder's pid runs again, but as a process started after the lease was taken
-        session.execute(text("UPDATE stage_runs SET pid = :pid WHERE key = 'k1:reused'"),
-                        {"pid": me})
-        assert records.try_acquire_lease(session, "k1:reused", owner="new", host=here,
-                                         pid=os.getppid(), ttl_s=60,
-                                         now=datetime.now(UTC) + timedelta(days=365 * 5))
-        assert try_acquire_nightly(session, owner="old-nightly", host=here, pid=dead,
-                                   ttl_s=TEN_YEARS_S)
-        assert try_acquire_nightly(session, owner="new-nightly", host=here, pid=me, ttl_s=60)
-        owners = {key: records.get_stage_run(session, key) for key in
-                  ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused", NIGHTLY_KEY)}
-    assert {key: found.owner for key, found in owners.items() if found} == {
-        "k1:alive": "old-k1:alive", "k1:elsewhere": "old-k1:elsewhere", "k1:gone": "new",
-        "k1:reused": "new", NIGHTLY_KEY: "new-nightly"}
-
-
-def test_a_build_proceeds_at_once_past_a_gone_holders_lease(
-    any_env: dict[str, str], tmp_path: Path
-) -> None:
-    """The engine's row says `running` for ten more years, held from this host by a pid that
-    has exited: a build of that key takes it over at once and builds the engine."""
-    url = any_env["ENGINECTL_REGISTRY_URL"]
-    recipe = write_recipe(tmp_path)
-    engine = engine_key(any_env, recipe)
-    dead = gone_pid()
-    with open_registry(url) as registry, registry.session() as session:
-        assert records.try_acquire_lease(session, engine, owner=f"{socket.gethostname()}:{dead}"
-                                         ":0ld", host=socket.gethostname(), pid=dead,
-                                         ttl_s=TEN_YEARS_S)
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
-                          env=any_env, text=True, capture_output=True, timeout=GUARD_S,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    assert counts(done.stdout)["built"] == 3
-    lease = lease_of(url, engine)
-    assert lease.status == "succeeded"
-    assert lease.pid != dead
-    assert len(engines(url)) == 1
-
-
-def test_a_build_killed_with_sigkill_is_run_again_at_once(
-    any_env: dict[str, str], tmp_path: Path
-) -> None:
-    """`kill -9` of a builder during its engine build (lease TTL an hour), then the same
-    build again: it takes the dead builder's lease over at once and builds the engine."""
-    env = {**any_env, "ENGINECTL_LEASE_TTL_S": "3600"}
-    url = env["ENGINECTL_REGISTRY_URL"]
-    recipe = write_recipe(tmp_path)
-    pidfile = tmp_path / "trtllm-build.pid"
-    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
-    first = start(hanging, recipe, "--only", SMALL_ENGINE)
-    tool = wait_for_pidfile(first, pidfile)
-    os.killpg(first.pid, signal.SIGKILL)
-    first.communicate()
-    try:
-        assert wait_gone(tool)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(tool, signal.SIGKILL)
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
-                          env=env, text=True, capture_output=True, timeout=GUARD_S,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    assert counts(done.stdout) == {"built": 1, "reused": 2, "failed": 0, "skipped": 0}
-    assert len(engines(url)) == 1
 
 
 # --- the nightly's lease ------------------------------------------------------------------------
