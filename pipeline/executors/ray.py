@@ -101,20 +101,64 @@ def connect(address: str, config: RegistryConfig) -> None:
     setattr(ray_worker, "_worker_logs_enabled", False)  # noqa: B010
 
 
+# Ray's GCS (HOST:6379) and its client server (ray://HOST:10001) speak gRPC, which is HTTP/2
+# over cleartext unless the cluster is set up for TLS: sent HTTP/2's connection preface and
+# an empty SETTINGS frame, such a server answers with a SETTINGS frame of its own at once.
+_HTTP2_PREFACE: Final = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                         b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+_HTTP2_SETTINGS: Final = 0x04
+CONNECT_TIMEOUT_S: Final = 5.0
+ANSWER_TIMEOUT_S: Final = 10.0
+
+
 def _check_reachable(address: str) -> None:
-    """Fail in seconds when nothing listens at *address*: Ray itself retries for minutes,
-    then its C++ core ends the process."""
+    """Fail in seconds when nothing at *address* answers as Ray does: Ray itself retries for
+    minutes (a silent port, or one that speaks HTTP/1), then its C++ core ends the process
+    with a page of log. Under RAY_USE_TLS only the connection is checked."""
     if "://" not in address and address.count(":") != 1:
         return  # auto, local: Ray's own lookup, which fails at once when nothing runs
     host, _, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
+    hint = "check --address (or RAY_ADDRESS) and `ray status` on the head"
     try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            pass
+        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         raise FleetError(f"cannot join the Ray cluster at {address!r}: nothing answers at "
-                         f"{host}:{port} ({why}); check --address (or RAY_ADDRESS) and "
-                         "`ray status` on the head", address=address) from exc
+                         f"{host}:{port} ({why}); {hint}", address=address) from exc
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return
+        why = _not_grpc(sock)
+    if why is not None:
+        raise FleetError(f"cannot join the Ray cluster at {address!r}: {host}:{port} is not "
+                         f"Ray ({why}); {hint}", address=address)
+
+
+def _not_grpc(sock: socket.socket) -> str | None:
+    """Why the server on *sock* is not a gRPC (HTTP/2) one, or None: it must answer the
+    HTTP/2 preface with a SETTINGS frame within ANSWER_TIMEOUT_S."""
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    answer = b""
+    try:
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        sock.sendall(_HTTP2_PREFACE)
+        while len(answer) < 9:  # a frame header: length (3), type (1), flags, stream id
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = sock.recv(9 - len(answer))
+            if not chunk:
+                break
+            answer += chunk
+    except TimeoutError:
+        return f"no answer in {ANSWER_TIMEOUT_S:g} s" if not answer else \
+            f"it answered {answer!r}, then nothing"
+    except OSError as exc:
+        return f"it ended the connection: {exc.strerror or exc}"
+    if len(answer) == 9 and answer[3] == _HTTP2_SETTINGS:
+        return None
+    if not answer:
+        return "it closed the connection without a word"
+    return f"it does not speak gRPC: it answered {answer!r}"
 
 
 def disconnect() -> None:
