@@ -32,7 +32,7 @@ from registry.layout import (
     parse_blob_key,
     parse_manifest_key,
 )
-from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
+from registry.store import BlobInfo, InFlight, ObjectInfo, Progress, check_stop, sizes_of
 
 COPY_CHUNK: Final = 4 << 20
 KERNEL_STEP: Final = 1 << 20
@@ -236,9 +236,23 @@ class FileStore:
                 modified = datetime.fromtimestamp(info.st_mtime, UTC)
                 yield BlobInfo(digest=digest, size=info.st_size, modified=modified)
 
-    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
-        """Temp files (`.<name>.<hex>.tmp`) of writers killed before *before*."""
-        return remove_stale(self.root.rglob(".*.tmp"), before, dry_run=dry_run)
+    def remove_partial(self, before: datetime, *, dry_run: bool = False,
+                       in_flight: InFlight | None = None) -> int:
+        """Temp files (`.<name>.<hex>.tmp`) of writers killed before *before*; not those
+        of blobs `in_flight()` names (asked once the temp files are listed)."""
+        temps = list(self.root.rglob(".*.tmp"))
+        if in_flight is not None and temps:
+            writing = in_flight()
+            temps = [temp for temp in temps if self._blob_of(temp) not in writing]
+        return remove_stale(temps, before, dry_run=dry_run)
+
+    def _blob_of(self, temp: Path) -> Digest | None:
+        """The blob a temp file `.<name>.<hex>.tmp` was to become; None if not a blob's."""
+        try:
+            final = temp.with_name(temp.name[1:].rsplit(".", 2)[0])
+            return parse_blob_key(final.relative_to(self.root).as_posix())
+        except ValueError:
+            return None
 
     def delete_blob(self, digest: Digest) -> None:
         key = blob_key(digest)

@@ -16,7 +16,8 @@ Kept, always:
 
 What killed writers left half-written (temp files, unfinished S3 multipart uploads, and this
 machine's fetch-cache temp entries), objects set aside under `damaged/`, and the rows of
-pending publishes that expired go too, once older than the grace period.
+pending publishes that expired go too, once older than the grace period; a half-written blob
+of a publish in flight is not a killed writer's and stays, whatever the grace.
 
 gc runs in two phases, `Collector.mark` and `Collector.sweep`, under the registry's gc lock
 held exclusively (`registry.gclock`): no publish registers in between, and a publish that
@@ -154,10 +155,18 @@ class Collector:
                 continue
         self.keep = keep
 
+    def _in_flight(self) -> set[Digest]:
+        """The blobs of the publishes in flight now: their half-written uploads stay, at any
+        grace. Asked after the store listed them, so the row of each (committed before its
+        upload started, `registry.pending`) is seen."""
+        with self.ctx.registry.session(readonly=True) as session:
+            return live_pending_blobs(session, datetime.now(UTC))
+
     def sweep(self) -> Collected:
         """Remove what `mark` left unreferenced and older than the grace period."""
         ctx, result, cutoff = self.ctx, self.result, self.cutoff
-        result.partial = ctx.store.remove_partial(cutoff, dry_run=self.dry_run)
+        result.partial = ctx.store.remove_partial(cutoff, dry_run=self.dry_run,
+                                                  in_flight=self._in_flight)
         result.partial += ctx.cache.remove_partial(cutoff, dry_run=self.dry_run)
         for blob in ctx.store.iter_blobs():
             if blob.digest not in self.keep and blob.modified < cutoff:

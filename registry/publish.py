@@ -262,6 +262,13 @@ class Publication:
         self.bytes_uploaded = self.pending.upload(progress=self.progress, stop=self.stop)
 
     def write_manifest(self) -> None:
+        """Put the manifest under the gc lock (shared): no sweep runs while its temp file
+        (a file store's) exists, so a gc with no grace never takes it mid-write."""
+        assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
+        with self.ctx.registry.gc_lock(shared=True):
+            self._put_manifest()
+
+    def _put_manifest(self) -> None:
         assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
         self.ctx.store.put_manifest(self.manifest.digest, self.manifest.to_bytes())
 
@@ -293,7 +300,7 @@ class Publication:
         with self.ctx.registry.session(readonly=True) as session:
             deleted = records.get_status(session, self.record.digest) == "deleted"
         if deleted:
-            self.write_manifest()
+            self._put_manifest()  # the lock is held: taking it again could wait on gc
 
     def abort(self) -> None:
         """Drop the pending row of a publish that will not commit (its blobs stay for gc)."""

@@ -52,7 +52,7 @@ from registry.layout import (
     s3_url,
 )
 from registry.ranges import PartBuffers, read_exactly_into, read_ranges, split
-from registry.store import BlobInfo, ObjectInfo, Progress, check_stop, sizes_of
+from registry.store import BlobInfo, InFlight, ObjectInfo, Progress, check_stop, sizes_of
 from registry.workers import Workers
 
 if TYPE_CHECKING:
@@ -118,26 +118,37 @@ class S3Store:
     def where(self, key: str) -> str:
         return s3_url(self.bucket_name, key)
 
-    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+    def remove_partial(self, before: datetime, *, dry_run: bool = False,
+                       in_flight: InFlight | None = None) -> int:
         """Multipart uploads under this store's prefix started before *before* and never
-        completed (a killed publish); aborting them frees their parts."""
+        completed (a killed publish); aborting them frees their parts. Not those of blobs
+        `in_flight()` names (asked once the uploads are listed)."""
         from botocore.exceptions import BotoCoreError, ClientError  # boto3 is loaded by now
 
-        client, count = self.bucket.client, 0
+        client = self.bucket.client
         try:
             pages = client.get_paginator("list_multipart_uploads").paginate(
                 Bucket=self.bucket.name, Prefix=self._key(""))
-            for page in pages:
-                for upload in page.get("Uploads", []):
-                    if upload["Initiated"] < before:
-                        count += 1
-                        if not dry_run:
-                            client.abort_multipart_upload(Bucket=self.bucket.name,
-                                                          Key=upload["Key"],
-                                                          UploadId=upload["UploadId"])
+            stale = [upload for page in pages for upload in page.get("Uploads", [])
+                     if upload["Initiated"] < before]
+            if in_flight is not None and stale:
+                writing = in_flight()
+                stale = [upload for upload in stale
+                         if self._blob_of(upload["Key"]) not in writing]
+            for upload in stale if not dry_run else []:
+                client.abort_multipart_upload(Bucket=self.bucket.name, Key=upload["Key"],
+                                              UploadId=upload["UploadId"])
         except (ClientError, BotoCoreError) as exc:
             raise self.bucket.error(exc, "list_multipart_uploads", self._key("")) from exc
-        return count
+        return len(stale)
+
+    def _blob_of(self, key: str) -> Digest | None:
+        """The blob under the bucket's *key*; None when it is not one of this store's."""
+        strip = len(self._key(""))
+        try:
+            return parse_blob_key(key[strip:]) if key.startswith(self._key("")) else None
+        except ValueError:
+            return None
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint_url={self.endpoint_url!r})"

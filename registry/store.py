@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +35,8 @@ WORKERS: Final = min(16, 2 * (os.cpu_count() or 2))
 
 Progress = Callable[[int], None]
 """Called with the number of bytes moved since the last call (negative when a part is retried)."""
+InFlight = Callable[[], Container[Digest]]
+"""The blobs publishes in flight are writing (`registry.pending`), for `remove_partial`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +119,11 @@ class Store(Protocol):
     def delete_manifest(self, digest: Digest) -> None:
         """Remove the manifest; a no-op when absent."""
 
-    def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
+    def remove_partial(self, before: datetime, *, dry_run: bool = False,
+                       in_flight: InFlight | None = None) -> int:
         """Remove what killed writers left half-written before *before* (temp files, S3
-        multipart uploads never completed); returns how many. Never a finished object."""
+        multipart uploads never completed); returns how many. Never a finished object, nor
+        a half-written blob that `in_flight()`, asked once they are listed, names."""
 
     def put_object(self, key: str, data: bytes) -> None:
         """Write a small object (a record) whole under *key*."""
