@@ -1,10 +1,16 @@
 """Fixtures for integration tests: real servers over the network, one clean namespace per test.
 
     s3_server   (session)   moto's S3 server in its own process on a free loopback port;
-                            fails, not skips, when it cannot start and CI=true
+                            fails, not skips, when it cannot start and CI=true. A test that
+                            must also pass on a server that checks signatures asks for both:
+                            @pytest.mark.parametrize("s3_server", S3_SERVERS, indirect=True)
+                            (S3_SERVERS: tests.integration.s3server)
+    s3rver_server (session) s3rver, started from $ENGINECTL_S3RVER (scripts/install-s3rver;
+                            scripts/test sets it); fails, not skips, when missing and CI=true
     aws_env     (autouse)   test credentials and region, nothing from the user's AWS config
     s3_bucket               a unique, empty bucket on s3_server, removed afterwards
-    store                   an opened Store, once per backend: "file" and "s3"
+    store                   an opened Store, once per backend: "file" and "s3" (a test can
+                            ask for "s3rver" too, as an indirect parameter)
     ctx                     a registry Context on `store` and `registry_url` (every store
                             × database), with a cache of its own
 
@@ -26,9 +32,11 @@ from registry.store import Store, open_store
 from tests.integration.s3server import (
     CLEARED,
     CREDENTIALS,
+    S3RVER_VARIABLE,
     S3Server,
     S3ServerError,
     start_s3_server,
+    start_s3rver,
 )
 
 
@@ -39,7 +47,12 @@ def _unavailable(reason: str) -> NoReturn:
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3_server(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's server, or the one a test's indirect parameter names (S3_SERVERS)."""
+    if getattr(request, "param", "moto") == "s3rver":
+        yield request.getfixturevalue("s3rver_server")
+        return
     try:
         import moto.server  # noqa: F401 - only to know whether it is installed
     except ImportError as exc:
@@ -48,6 +61,25 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         server = start_s3_server(tmp_path_factory.mktemp("s3server"))
     except (S3ServerError, OSError) as exc:
         _unavailable(f"cannot start the S3 test server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3rver_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    start_script = os.environ.get(S3RVER_VARIABLE, "")
+    if not start_script:
+        _unavailable(f"{S3RVER_VARIABLE} is not set: run scripts/install-s3rver and set it to "
+                     "the path it prints (scripts/test does both)")
+    if not os.access(start_script, os.X_OK):
+        _unavailable(f"{S3RVER_VARIABLE}={start_script} is not an executable file: run "
+                     "scripts/install-s3rver")
+    try:
+        server = start_s3rver(Path(start_script), tmp_path_factory.mktemp("s3rver"))
+    except (S3ServerError, OSError) as exc:
+        _unavailable(f"cannot start s3rver: {exc}")
     try:
         yield server
     finally:
@@ -73,12 +105,16 @@ def s3_bucket(s3_server: S3Server) -> Iterator[str]:
 
 
 @pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A store of each backend; a test can ask for "s3rver" too (indirect parameter)."""
     if request.param == "file":
-        return open_store((tmp_path / "store").as_uri())
-    server: S3Server = request.getfixturevalue("s3_server")
-    bucket: str = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/prefix", s3_endpoint_url=server.endpoint_url)
+        yield open_store((tmp_path / "store").as_uri())
+        return
+    server: S3Server = request.getfixturevalue(
+        "s3rver_server" if request.param == "s3rver" else "s3_server")
+    bucket = server.create_bucket()
+    yield open_store(f"s3://{bucket}/prefix", s3_endpoint_url=server.endpoint_url)
+    server.delete_bucket(bucket)
 
 
 @pytest.fixture

@@ -13,15 +13,19 @@ of the body, set `holding`, then trickle one more byte every half second, so tha
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
 a PUT, set `holding` and read none of the upload until the proxy is closed).
 `ranges` records every GET's Range header, `gets` every GET's path (with its query) and
-Range header, `puts` every PUT's path and headers. It runs in a
-thread on a free loopback port; given an `ssl.SSLContext` (*tls*) it answers https.
+Range header, `puts` every PUT's path and headers, `put_crc32` the CRC32 of the body each
+PUT that sent one by its Content-Length carried (as S3 writes it: base64 of 4 big-endian
+bytes), by path. It runs in a thread on a free loopback port; given an `ssl.SSLContext`
+(*tls*) it answers https.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import ssl
 import threading
+import zlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
@@ -59,6 +63,10 @@ def _read_body(rfile: BinaryIO, length: str | None, encoding: str | None) -> byt
         raw += rfile.read(size + 2)  # the chunk and its CRLF
 
 
+def _crc32(data: bytes) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode("ascii")
+
+
 def _wrong_total(content_range: str) -> str:
     """`bytes 0-9/100` as `bytes 0-9/101`: the same bytes, said to be of a larger object."""
     span, _, total = content_range.rpartition("/")
@@ -72,6 +80,7 @@ class FaultyProxy:
         self.faults: list[Fault] = []
         self.gets: list[tuple[str, str | None]] = []
         self.puts: list[tuple[str, dict[str, str]]] = []
+        self.put_crc32: dict[str, str] = {}
         self.holding = threading.Event()
         """Set once a "hold" answer has sent half its body and is stalling."""
         self.released = threading.Event()
@@ -109,6 +118,16 @@ class FaultyProxy:
                 self.connection.close()
                 return True
 
+            def _request_body(self) -> bytes | None:
+                """The request's body as it came (a plain PUT's CRC32 noted)."""
+                body = _read_body(self.rfile, self.headers.get("Content-Length"),
+                                  self.headers.get("Transfer-Encoding"))
+                if self.command == "PUT" and body is not None \
+                        and "Transfer-Encoding" not in self.headers:
+                    with lock:
+                        proxy.put_crc32[self.path] = _crc32(body)
+                return body
+
             def _handle(self) -> None:
                 with lock:
                     fault = plan(len(proxy.faults), self.command, self.path,
@@ -121,8 +140,7 @@ class FaultyProxy:
                                                        for k, v in self.headers.items()}))
                 if self._before_body(fault):
                     return
-                body = _read_body(self.rfile, self.headers.get("Content-Length"),
-                                  self.headers.get("Transfer-Encoding"))
+                body = self._request_body()
                 if fault == "reset":
                     self.close_connection = True
                     self.connection.close()

@@ -1,7 +1,15 @@
-"""A real S3-compatible server over HTTP for integration tests: moto's server, in its own process.
+"""Real S3-compatible servers over HTTP for integration tests, each in its own process.
 
-`start_s3_server` launches `python -m moto.server` on a free loopback port in a new process
-group, waits (bounded) until it answers HTTP, and returns a handle whose `stop` kills the group.
+`start_s3_server` launches moto's (`python -m moto.server`), `start_s3rver` s3rver (npm
+`@20minutes/s3rver`, installed by scripts/install-s3rver, whose start script
+ENGINECTL_S3RVER names), each on a free loopback port in a new process group; both wait
+(bounded) until the server answers HTTP, and return a handle whose `stop` kills the group.
+
+moto takes any request, whatever its signature or checksum; s3rver checks SigV4 signatures
+(headers and presigned URLs) and refuses a wrong one with 403 SignatureDoesNotMatch, so
+the paths enginectl signs itself (presigned GETs and part PUTs) are tested against it too.
+Neither checks x-amz-checksum-* values: the tests recompute those themselves. Both take
+CREDENTIALS (s3rver knows only that key pair; moto takes any).
 """
 
 from __future__ import annotations
@@ -26,10 +34,14 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "test",
-    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+S3_SERVERS = ("moto", "s3rver")
+"""What a test that runs against each S3 server parametrizes `s3_server` with (indirect)."""
+S3RVER_VARIABLE = "ENGINECTL_S3RVER"
+"""Names s3rver's start script (scripts/install-s3rver prints it; scripts/test sets it)."""
 # Anything that could point boto3 at a real account or another endpoint is cleared.
 CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 START_TIMEOUT_S = 60.0
@@ -44,18 +56,23 @@ class S3Server:
     endpoint_url: str
     process: subprocess.Popen[bytes]
     log: Path
+    kind: str = "moto"
+    """"moto" or "s3rver"."""
 
     @functools.cached_property
     def client(self) -> S3Client:
         """A client for the tests' own raw access (setup, corruption, cleanup)."""
         import boto3
+        from botocore.config import Config
 
         session = boto3.session.Session(
             aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
         )
-        return session.client("s3", endpoint_url=self.endpoint_url)
+        # path style and SigV4, as enginectl asks a custom endpoint (registry.s3bucket)
+        config = Config(signature_version="s3v4", s3={"addressing_style": "path"})
+        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 
     def create_bucket(self) -> str:
         name = f"enginectl-test-{uuid.uuid4().hex[:16]}"
@@ -95,18 +112,27 @@ def _answers(port: int) -> bool:
 def start_s3_server(workdir: Path) -> S3Server:
     """Start moto's S3 server; S3ServerError (with its log) if it does not answer in time."""
     port = free_port()
-    log = workdir / f"moto-{port}.log"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    return _start("moto", argv, port, workdir)
+
+
+def start_s3rver(start_script: Path, workdir: Path) -> S3Server:
+    """Start s3rver (*start_script*: what scripts/install-s3rver printed), storing under
+    *workdir*; S3ServerError (with its log) if it does not answer in time."""
+    port = free_port()
+    argv = [str(start_script), "-d", str(workdir / "data"), "-a", "127.0.0.1",
+            "-p", str(port), "--silent"]
+    return _start("s3rver", argv, port, workdir)
+
+
+def _start(kind: str, argv: list[str], port: int, workdir: Path) -> S3Server:
+    log = workdir / f"{kind}-{port}.log"
     env = {key: value for key, value in os.environ.items() if key not in CLEARED}
     env.update(CREDENTIALS)
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    server = S3Server(f"http://127.0.0.1:{port}", process, log)
+            argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = S3Server(f"http://127.0.0.1:{port}", process, log, kind)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if _answers(port):
@@ -118,6 +144,6 @@ def start_s3_server(workdir: Path) -> S3Server:
     server.stop()
     tail = log.read_text(errors="replace")[-2000:]
     raise S3ServerError(
-        f"moto S3 server on port {port} did not answer within {START_TIMEOUT_S:.0f}s "
+        f"{kind} S3 server on port {port} did not answer within {START_TIMEOUT_S:.0f}s "
         f"(exit code {process.returncode}); log tail:\n{tail}"
     )

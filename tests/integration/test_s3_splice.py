@@ -17,7 +17,7 @@ from registry.context import Context
 from registry.fetch import fetch
 from registry.s3splice import Answer, read_head, usable
 from tests.integration.faulty_proxy import Fault, FaultyProxy
-from tests.integration.s3server import S3Server
+from tests.integration.s3server import S3_SERVERS, S3Server
 from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux's")
@@ -49,6 +49,7 @@ def _same_files(engine: Path, out: Path) -> bool:
     return files(engine) == files(out)
 
 
+@pytest.mark.parametrize("s3_server", S3_SERVERS, indirect=True)
 @pytest.mark.parametrize("splice", ["1", "0"])
 def test_blob_bodies_over_http_are_spliced_unless_turned_off(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
