@@ -29,6 +29,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Final
 from urllib.parse import urlsplit
@@ -63,23 +64,31 @@ def usable(endpoint: str | None, environ: Mapping[str, str] = os.environ) -> boo
 
 class Connection:
     """One kept-alive HTTP/1.1 connection and (unless *pipe* is False) the pipe its bodies
-    pass through."""
+    pass through.
+
+    Its socket and pipe are closed by `close`, or else when the connection is collected,
+    by a `weakref.finalize` that holds them: not by `__del__`, because a store is collected
+    in a reference cycle, and the collector may finalize the socket before the connection
+    that owns it (one younger than the other in the collector's generations), which then
+    goes out unclosed (an "unclosed socket" ResourceWarning, an error under pytest)."""
 
     def __init__(self, host: str, port: int, *, pipe: bool = True) -> None:
         self.host, self.port = host, port
-        self.read_end = self.write_end = -1  # set before anything can fail: close() reads them
-        self.sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        self.read_end = self.write_end = -1
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
         try:
-            self.sock.settimeout(None)  # blocking, so that splice waits; SO_RCVTIMEO bounds it
+            sock.settimeout(None)  # blocking, so that splice waits; SO_RCVTIMEO bounds it
             wait = struct.pack("ll", READ_TIMEOUT, 0)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if pipe:
                 self.read_end, self.write_end = os.pipe()
         except BaseException:
-            self.sock.close()
+            sock.close()
             raise
+        self.sock = sock
+        self._closer = weakref.finalize(self, _close, sock, (self.read_end, self.write_end))
         if pipe:
             with contextlib.suppress(OSError):  # a smaller pipe only means more calls
                 import fcntl
@@ -87,17 +96,18 @@ class Connection:
                 fcntl.fcntl(self.write_end, F_SETPIPE_SZ, PIPE_BYTES)
 
     def close(self) -> None:
-        """Idempotent: the pipe's descriptors are closed once (their numbers may be reused)."""
-        if hasattr(self, "sock"):  # not when connecting failed
-            self.sock.close()
-        fds, self.read_end, self.write_end = (self.read_end, self.write_end), -1, -1
-        for fd in fds:
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        """Idempotent: the socket and the pipe's descriptors are closed once (their numbers
+        may be reused)."""
+        self._closer()
+        self.read_end = self.write_end = -1
 
-    def __del__(self) -> None:  # an idle connection of a store no longer used
-        self.close()
+
+def _close(sock: socket.socket, fds: tuple[int, int]) -> None:
+    sock.close()
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class Answer:

@@ -128,6 +128,19 @@ class FaultyProxy:
                         proxy.put_crc32[self.path] = _crc32(body)
                 return body
 
+            def _upstream(self, body: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
+                """The server's answer to the request, read whole; its connection closed
+                at once (a client that hangs up on the proxy never leaves it open)."""
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() != "connection"}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    answer = conn.getresponse()
+                    return answer, answer.read()
+                finally:
+                    conn.close()
+
             def _handle(self) -> None:
                 with lock:
                     fault = plan(len(proxy.faults), self.command, self.path,
@@ -148,11 +161,7 @@ class FaultyProxy:
                 if fault in ("slowdown", "forbidden"):
                     self._error(*((503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)))
                     return
-                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
+                answer, data = self._upstream(body)
                 self.send_response(answer.status, answer.reason)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -182,7 +191,6 @@ class FaultyProxy:
                     self.connection.close()
                 elif self.command != "HEAD":
                     self.wfile.write(data)
-                conn.close()
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle  # noqa: N815
 
