@@ -4,13 +4,15 @@ dies, even of a signal it cannot catch.
 
 The server is vLLM's entry point as a stand-in: a `vllm` package on PYTHONPATH whose
 `vllm.entrypoints.openai.api_server` runs tests/fakes/openai_server.py, slowed down
-(FAKE_OPENAI_TOKEN_DELAY_S) so that the smoke is still running when the build is killed.
+(FAKE_OPENAI_TOKEN_DELAY_S) so that the smoke is still running when the build is killed. The
+next build then proceeds at once: the lease the killed one held is a dead process's.
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +85,7 @@ def test_a_build_killed_during_its_smoke_leaves_no_server_running(tmp_path: Path
         "ENGINECTL_VLLM_PYTHON": sys.executable,
         "PYTHONPATH": str(fake_vllm(tmp_path / "fake-vllm")),
         "FAKE_OPENAI_TOKEN_DELAY_S": "2",  # the smoke's checks take minutes
+        "ENGINECTL_LEASE_TTL_S": "3600",
         "HF_HUB_OFFLINE": "1",
         TAG: tag,
     }
@@ -98,6 +101,14 @@ def test_a_build_killed_during_its_smoke_leaves_no_server_running(tmp_path: Path
             time.sleep(0.1)
         assert tagged_processes(tag) == [], "the smoke server outlived its build"
         assert not answers(port)
+        # and the next build proceeds at once: the killed build's lease on the smoke key is
+        # a dead process's on this host (waiting out its hour-long TTL would hit the guard)
+        again = subprocess.run([ENGINECTL, "build", str(recipe)], text=True,
+                               capture_output=True, timeout=TIMEOUT_S, check=False,
+                               env={**env, "FAKE_OPENAI_TOKEN_DELAY_S": "0"})
+        assert again.returncode == 0, again.stderr
+        assert re.search(r"^built +smoke ", again.stdout, re.MULTILINE), again.stdout
+        assert tagged_processes(tag) == []
     finally:  # what a failure leaves behind is ours to end
         for pid in tagged_processes(tag):
             os.kill(pid, signal.SIGKILL)
