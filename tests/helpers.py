@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -99,3 +101,23 @@ def with_default_signals(argv: Sequence[str | Path]) -> list[str]:
     program replaces a small Python (exec: same pid) that resets them; not `preexec_fn`,
     which is unsafe while the test runs server threads."""
     return [sys.executable, "-I", "-S", "-c", _RESET_THEN_EXEC, *map(str, argv)]
+
+
+def _ignore(_signum: int, _frame: FrameType | None) -> None:
+    return
+
+
+@contextlib.contextmanager
+def children_get_default_signals() -> Iterator[None]:
+    """While inside, the programs this process starts get SIGINT, SIGHUP, SIGTERM and SIGQUIT
+    at their defaults even when this process ignores them: each ignored one is given a
+    do-nothing handler meanwhile (exec resets a handler to the default, where an ignored
+    signal stays ignored). For code that starts processes itself (Ray's cluster_utils), where
+    `with_default_signals` cannot reach the argv."""
+    previous = {number: signal.signal(number, _ignore) for number in DEFAULT_SIGNALS[:4]
+                if signal.getsignal(number) == signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import with_default_signals
+from tests.helpers import children_get_default_signals, with_default_signals
 from tests.integration.db_fixtures import postgres_url  # noqa: F401 - a fixture used here
 from tests.integration.s3server import CLEARED, CREDENTIALS, S3Server, start_s3_server
 
@@ -119,7 +119,8 @@ class FakeCluster:
         if not self.nodes:
             args["_system_config"] = {"health_check_period_ms": 500,
                                       "health_check_failure_threshold": 3}
-        node = self.cluster.add_node(**args)
+        with children_get_default_signals():  # Ray's cancel interrupts with SIGINT
+            node = self.cluster.add_node(**args)
         self.nodes[name] = FakeNode(name, directory, node)
         return self.nodes[name]
 
