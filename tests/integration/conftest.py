@@ -1,12 +1,13 @@
 """Fixtures for integration tests: real servers over the network, one clean namespace per test.
 
     s3_server   (session)   moto's S3 server in its own process on a free loopback port;
-                            fails, not skips, when it cannot start and CI=true. A test that
-                            must also pass on a server that checks signatures asks for both:
-                            @pytest.mark.parametrize("s3_server", S3_SERVERS, indirect=True)
-                            (S3_SERVERS: tests.integration.s3server)
+                            fails, not skips, when it cannot start and CI=true
     s3rver_server (session) s3rver, started from $ENGINECTL_S3RVER (scripts/install-s3rver;
-                            scripts/test sets it); fails, not skips, when missing and CI=true
+                            scripts/test sets it), which checks SigV4 signatures; fails, not
+                            skips, when missing and CI=true
+    each_s3_server          s3_server, then s3rver_server: for the few tests of what
+                            enginectl signs itself (presigned part PUTs and GETs)
+    each_s3_bucket          a unique, empty bucket on each_s3_server, removed afterwards
     aws_env     (autouse)   test credentials and region, nothing from the user's AWS config
     s3_bucket               a unique, empty bucket on s3_server, removed afterwards
     store                   an opened Store, once per backend: "file" and "s3" (a test can
@@ -32,6 +33,7 @@ from registry.store import Store, open_store
 from tests.integration.s3server import (
     CLEARED,
     CREDENTIALS,
+    S3_SERVERS,
     S3RVER_VARIABLE,
     S3Server,
     S3ServerError,
@@ -47,12 +49,7 @@ def _unavailable(reason: str) -> NoReturn:
 
 
 @pytest.fixture(scope="session")
-def s3_server(request: pytest.FixtureRequest,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """moto's server, or the one a test's indirect parameter names (S3_SERVERS)."""
-    if getattr(request, "param", "moto") == "s3rver":
-        yield request.getfixturevalue("s3rver_server")
-        return
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     try:
         import moto.server  # noqa: F401 - only to know whether it is installed
     except ImportError as exc:
@@ -84,6 +81,21 @@ def s3rver_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=S3_SERVERS)
+def each_s3_server(request: pytest.FixtureRequest) -> S3Server:
+    """moto's server, then s3rver: for the tests of what enginectl signs itself."""
+    name = "s3_server" if request.param == "moto" else "s3rver_server"
+    server: S3Server = request.getfixturevalue(name)
+    return server
+
+
+@pytest.fixture
+def each_s3_bucket(each_s3_server: S3Server) -> Iterator[str]:
+    name = each_s3_server.create_bucket()
+    yield name
+    each_s3_server.delete_bucket(name)
 
 
 @pytest.fixture(autouse=True)

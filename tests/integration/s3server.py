@@ -39,7 +39,7 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 S3_SERVERS = ("moto", "s3rver")
-"""What a test that runs against each S3 server parametrizes `s3_server` with (indirect)."""
+"""The servers `each_s3_server` (tests/integration/conftest.py) gives a test, in turn."""
 S3RVER_VARIABLE = "ENGINECTL_S3RVER"
 """Names s3rver's start script (scripts/install-s3rver prints it; scripts/test sets it)."""
 # Anything that could point boto3 at a real account or another endpoint is cleared.

@@ -20,7 +20,7 @@ from registry.fetch import fetch
 from registry.layout import blob_key
 from registry.s3sendfile import crc32_of
 from tests.integration.faulty_proxy import Fault, FaultyProxy
-from tests.integration.s3server import S3_SERVERS, S3Server
+from tests.integration.s3server import S3Server
 from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sendfile"), reason="sendfile(2)")
@@ -70,21 +70,21 @@ def _landed(tmp_path: Path, engine: Path) -> bool:
         (engine / "rank1.engine").read_bytes()
 
 
-@pytest.mark.parametrize("s3_server", S3_SERVERS, indirect=True)
 @pytest.mark.parametrize("kernel", ["1", "0"])
 def test_parts_over_http_are_sent_from_the_file_with_a_signed_crc32_unless_turned_off(
-    s3_bucket: str, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    kernel: str,
+    each_s3_bucket: str, each_s3_server: S3Server, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, kernel: str,
 ) -> None:
     """Over http every part is a presigned PUT whose signed `x-amz-checksum-crc32` header is
-    the CRC32 of exactly that part's bytes (so S3 checks them, and a swapped header breaks
-    the signature); what lands is the file, byte for byte. ENGINECTL_S3_SPLICE=0 sends every
-    part through boto3 (signed in its Authorization header)."""
+    the CRC32 of exactly that part's bytes, as they went over the wire (so S3 checks them,
+    and a swapped header breaks the signature); what lands is the file, byte for byte.
+    ENGINECTL_S3_SPLICE=0 sends every part through boto3 (signed in its Authorization
+    header). On moto, and on s3rver, which refuses a wrong signature."""
     monkeypatch.setenv("ENGINECTL_S3_SPLICE", kernel)
     engine, key = _engine(tmp_path)
     data = (engine / "rank1.engine").read_bytes()
-    with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
-        _import(tmp_path, s3_bucket, proxy.endpoint_url, engine, "sendfile")
+    with FaultyProxy(each_s3_server.endpoint_url, lambda *_: "pass") as proxy:
+        _import(tmp_path, each_s3_bucket, proxy.endpoint_url, engine, "sendfile")
     parts = _part_puts(proxy, key)
     assert [number for number, _, _ in parts] == [1, 2, 3, 4]
     for number, presigned, headers in parts:
@@ -164,10 +164,9 @@ def test_crc32_of_a_range_is_what_s3_checks(tmp_path: Path, start: int, end: int
         os.close(fd)
 
 
-@pytest.mark.parametrize("s3_server", ["s3rver"], indirect=True)
 @pytest.mark.parametrize("tamper", ["none", "signature", "crc32 header", "secret"])
 def test_s3rver_refuses_a_part_signed_wrong(
-    s3_bucket: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tamper: str,
+    s3rver_server: S3Server, monkeypatch: pytest.MonkeyPatch, tamper: str,
 ) -> None:
     """What makes s3rver worth running: a presigned part PUT, made as the sendfile path
     makes it, goes in as it is and is refused with 403 SignatureDoesNotMatch once its
@@ -180,11 +179,12 @@ def test_s3rver_refuses_a_part_signed_wrong(
 
     data = os.urandom(PART)
     crc = _crc(data)
-    upload = s3_server.client.create_multipart_upload(Bucket=s3_bucket, Key="part",
-                                                      ChecksumAlgorithm="CRC32")["UploadId"]
+    name = s3rver_server.create_bucket()  # never deleted: s3rver has no abort of an upload
+    upload = s3rver_server.client.create_multipart_upload(
+        Bucket=name, Key="part", ChecksumAlgorithm="CRC32")["UploadId"]
     if tamper == "secret":
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    bucket = Bucket(s3_bucket, store_url=f"s3://{s3_bucket}", endpoint_url=s3_server.endpoint_url)
+    bucket = Bucket(name, store_url=f"s3://{name}", endpoint_url=s3rver_server.endpoint_url)
     url = urlsplit(bucket.presign_part("part", upload, 1, crc, 60))
     query = url.query
     if tamper == "signature":
