@@ -29,8 +29,9 @@ What the store promises, and who keeps it:
   in the AWS config file), so an endpoint behind a private CA serves the GETs too.
 - retries: obstore retries throttling (429, 503 SlowDown), 5xx and connection errors with
   exponential backoff before a body starts; a body cut off mid-read is asked for again
-  here from the byte where it stopped (`stream_retries` times), and so is an answer whose
-  Content-Range total is not the size the manifest gives. A fault of the transport or the
+  here from the byte where it stopped (`stream_retries` times), and so is an answer that
+  breaks the protocol (a 200 to a Range, a Content-Range for other bytes, or whose total
+  is not the size the manifest gives), its body unread. A fault of the transport or the
   protocol is never taken for damage of the stored bytes: only a digest that fails again
   on a fresh whole read is (`registry.damage`).
 - Ctrl-C: the stop event is checked between chunks, and a read blocked on the network is
@@ -40,6 +41,7 @@ What the store promises, and who keeps it:
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -236,10 +238,17 @@ class RangeReader:
         except FileNotFoundError as exc:  # obstore's 404 (its NotFoundError is deprecated)
             raise NotFoundError(what, url=self.store_url, key=key) from exc
         except (ObstoreError, ValueError) as exc:
+            if byte_range is not None and MISANSWERS.search(str(exc)):
+                raise MisanswerError(first_line(exc)) from exc
             raise StoreError(f"get_object {self.where(key)} failed: {first_line(exc)}",
                              url=self.store_url, key=key, operation="get_object") from exc
 
     def _cut_off(self, key: str, failure: BaseException | None) -> StoreError:
+        if isinstance(failure, MisanswerError):
+            return StoreError(
+                f"get_object {self.where(key)} failed: {self.stream_retries} answers in a row "
+                f"did not keep to the protocol, last: {failure}",
+                url=self.store_url, key=key, operation="get_object")
         return StoreError(
             f"get_object {self.where(key)} failed: the body was cut off "
             f"{self.stream_retries} times, last: {first_line(failure or ObstoreError())}",
@@ -286,9 +295,10 @@ class RangeReader:
         mid-read is asked for again from the byte where it stopped. Once *stop* is set,
         StoppedError ends the read at its next chunk.
 
-        *size* is the object's size as the caller knows it (a manifest's): an answer whose
-        Content-Range total says otherwise is a fault of that one answer (a proxy, a
-        server's bug) and is asked again, its body unread, like a body cut off; the total
+        An answer that breaks the protocol (a 200 to the Range, a Content-Range for other
+        bytes) is a fault of that one answer (a proxy, a server's bug) and is asked again,
+        its body unread, like a body cut off; so is one whose Content-Range total is not
+        *size*, the object's size as the caller knows it (a manifest's). The total
         returned disagrees with *size* only when every answer said the same. That alone
         proves nothing against the stored bytes (`registry.damage` reads them whole)."""
         start, end = byte_range
@@ -304,13 +314,16 @@ class RangeReader:
             check_stop(stop)
             if start + done >= end:
                 break  # cut off after the last byte: nothing is left to ask for
-            result = self._get(key, what, (start + done, end))
+            try:
+                result = self._get(key, what, (start + done, end))
+            except MisanswerError as exc:  # this answer broke the protocol: ask again
+                failure = exc
+                continue
             total = int(result.meta["size"])
             got = tuple(result.range)
-            if got[0] != start + done:  # misplaced bytes are worse than none
-                raise StoreError(
-                    f"get_object {self.where(key)}: the server ignored the Range header",
-                    url=self.store_url, key=key, operation="get_object")
+            if got[0] != start + done:  # misplaced bytes are worse than none: ask again
+                failure = MisanswerError("the server ignored the Range header")
+                continue
             if size is not None and total != size:  # this answer's word against the
                 failure = WrongTotalError(  # manifest's: ask again, read none of it
                     f"the answer said the object has {total} bytes, {size} expected")
@@ -332,7 +345,17 @@ class RangeReader:
         return total
 
 
-class WrongTotalError(Exception):
+MISANSWERS: Final = re.compile(
+    r"NotPartial|NoContentRange|ParseContentRange|UnexpectedRange|InvalidRangeRequest")
+"""obstore's names for an answer to a ranged GET that breaks the protocol (a 200 to a
+Range, a Content-Range missing, unreadable or for other bytes): that answer's fault."""
+
+
+class MisanswerError(Exception):
+    """One answer to a ranged GET that broke the protocol; the GET is asked again."""
+
+
+class WrongTotalError(MisanswerError):
     """An answer whose Content-Range total is not the object's size the caller knows."""
 
 

@@ -3,7 +3,9 @@
 `FaultyProxy(upstream, plan)` answers the n-th request with what
 `plan(n, method, path, range)` returns (*range*: the request's Range header, or None):
 "pass" (forward it), "total" (forward it, and answer with a Content-Range whose total,
-the object's size, is one more than the server said: a broken server or proxy),
+the object's size, is one more than the server said: a broken server or proxy), "whole"
+(forward it without its Range header: a 200 with the whole object, as a server that
+ignores ranges answers),
 "slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
 (403 AccessDenied, what S3 says to a request it will not take), "refuse" (the same 403
 sent before reading any of the body, then the connection closed), "reset"
@@ -31,7 +33,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "total", "slowdown", "forbidden", "refuse", "reset", "cut", "hold"]
+Fault = Literal["pass", "total", "whole", "slowdown", "forbidden", "refuse", "reset", "cut",
+                "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -128,13 +131,15 @@ class FaultyProxy:
                         proxy.put_crc32[self.path] = _crc32(body)
                 return body
 
-            def _upstream(self, body: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
+            def _upstream(self, body: bytes | None,
+                          fault: Fault) -> tuple[http.client.HTTPResponse, bytes]:
                 """The server's answer to the request, read whole; its connection closed
                 at once (a client that hangs up on the proxy never leaves it open)."""
+                dropped = ("connection", "range") if fault == "whole" else ("connection",)
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items()
-                               if k.lower() != "connection"}
+                               if k.lower() not in dropped}
                     conn.request(self.command, self.path, body=body, headers=headers)
                     answer = conn.getresponse()
                     return answer, answer.read()
@@ -161,7 +166,7 @@ class FaultyProxy:
                 if fault in ("slowdown", "forbidden"):
                     self._error(*((503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)))
                     return
-                answer, data = self._upstream(body)
+                answer, data = self._upstream(body, fault)
                 self.send_response(answer.status, answer.reason)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):

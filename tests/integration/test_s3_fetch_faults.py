@@ -122,3 +122,34 @@ def test_a_blob_truncated_in_the_store_is_still_set_aside(
     assert "damaged/" in str(failed.value)
     assert [d.key.original for d in iter_damaged(context.store)] == [key]
     context.close()
+
+
+@pytest.mark.parametrize("splice", ["1", "0"])
+def test_one_answer_that_ignores_the_range_is_asked_again(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    splice: str,
+) -> None:
+    """The second part's first GET is answered with the whole object (a 200 that ignored
+    the Range): bytes that would land at the wrong offsets are not read, the part is asked
+    for again, and the fetch lands whole; nothing is set aside."""
+    monkeypatch.setenv("ENGINECTL_S3_SPLICE", splice)
+    store_url = f"s3://{s3_bucket}/whole-once"
+    engine, digest, key = _publish(tmp_path, s3_server, store_url)
+    name = key.rsplit("/", 1)[-1]
+    faulted: list[str] = []
+
+    def plan(_n: int, method: str, path: str, wanted: str | None) -> Fault:
+        if method == "GET" and wanted and not wanted.startswith("bytes=0-") \
+                and name in path and not faulted:
+            faulted.append(path)
+            return "whole"
+        return "pass"
+
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        context = _context(tmp_path, store_url, proxy.endpoint_url, "cache")
+        fetch(context, digest, tmp_path / "out", verify="strict")
+        assert list(iter_damaged(context.store)) == []
+        context.close()
+    assert proxy.faults.count("whole") == 1
+    assert (tmp_path / "out" / "rank1.engine").read_bytes() == \
+        (engine / "rank1.engine").read_bytes()
