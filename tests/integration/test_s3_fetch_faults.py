@@ -107,11 +107,14 @@ def test_a_server_that_always_answers_a_wrong_total_fails_the_fetch_but_condemns
         (engine / "rank1.engine").read_bytes()
 
 
+@pytest.mark.parametrize("splice", ["1", "0"])
 def test_a_blob_truncated_in_the_store_is_still_set_aside(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    splice: str,
 ) -> None:
     """Real damage is still found: a blob cut short in the bucket hashes wrong on two fresh
     whole reads and is set aside, as before."""
+    monkeypatch.setenv("ENGINECTL_S3_SPLICE", splice)
     store_url = f"s3://{s3_bucket}/truncated"
     _engine, digest, key = _publish(tmp_path, s3_server, store_url)
     data = s3_server.client.get_object(Bucket=s3_bucket, Key=f"truncated/{key}")["Body"].read()
