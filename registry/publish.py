@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from registry.digest import Digest, FileDigests, digest_file
 from registry.errors import ManifestError, StoppedError
-from registry.manifest import FileEntry, Manifest, check_path
+from registry.manifest import FILL_MARKER, FileEntry, Manifest, check_path
 from registry.progress import NoProgress, Progress
 from registry.store import WORKERS
 from registry.workers import Workers
@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 
 def scan_directory(root: Path) -> list[tuple[str, Path]]:
-    """Every regular file under *root* as (relative POSIX path, path), sorted.
+    """Every regular file under *root* as (relative POSIX path, path), sorted; a fill marker
+    at the top (`manifest.FILL_MARKER`) is not the artifact's.
 
     Links, devices, sockets and FIFOs are refused: an artifact is plain files."""
     if not root.is_dir():
@@ -70,7 +71,8 @@ def scan_directory(root: Path) -> list[tuple[str, Path]]:
             if stat.S_ISLNK(mode):
                 raise ManifestError(f"{relative!r} is a symbolic link; artifacts hold plain files")
             if stat.S_ISREG(mode):
-                found.append((check_path(relative), path))
+                if relative != FILL_MARKER:
+                    found.append((check_path(relative), path))
             elif not stat.S_ISDIR(mode):
                 raise ManifestError(f"{relative!r} is not a regular file")
     return sorted(found)

@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from registry.errors import UsageError
+from registry.manifest import FILL_MARKER
 
 if TYPE_CHECKING:
     from registry.context import Context
 
-MARKER: Final = ".enginectl-target.json"
+MARKER: Final = FILL_MARKER  # never part of an artifact: import skips it
 MARKER_SCHEMA: Final = "enginectl.target/v1"
 SERVE_FILE: Final = "serve.json"
 SERVE_SCHEMA: Final = "enginectl.serve/v1"

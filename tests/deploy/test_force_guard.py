@@ -127,6 +127,9 @@ def test_force_replaces_only_what_pull_or_fetch_filled_or_an_empty_directory(
     assert (marker["by"], marker["digest"]) == ("fetch", a)
     assert sorted(marker["entries"]) == ["config.json", "rank0.engine", "rank1.engine",
                                          "tokenizer"]
+    again = run(user, "import", str(fetched), "--kind", "trtllm-engine", "--model", "m",
+                "--gpu", "h100", "--json")  # the marker is not the artifact's: same digest
+    assert json.loads(again.stdout)["digest"] == a
     refused = run(user, "fetch", b, "-o", str(fetched), code=2)
     assert "pass --force to replace it" in refused.stderr
     refused = run(user, "pull", b, "-o", str(fetched), *serve, code=2)
