@@ -31,8 +31,10 @@ from registry.digest import Digest, digest_file
 from registry.errors import (
     IntegrityError,
     ManifestError,
+    NotFoundError,
     RecordNotFoundError,
     StoppedError,
+    StoreError,
     UsageError,
 )
 from registry.lookup import Found, lookup
@@ -405,6 +407,7 @@ def fetch(
 
     A full digest the registry does not know is still fetched from the store, so a deploy
     node needs only the bucket; with its manifest and blobs in the cache, not even that.
+    One the store has no manifest of either is not found (exit 6, `artifact_manifest`).
     The registry is read without SQLAlchemy (`registry.lookup`) so that a fetch starts
     quickly. The target is checked before anything is read. A
     `quarantined` artifact is refused unless *allow_unready*; see `status_notes` for what
@@ -412,13 +415,52 @@ def fetch(
     protect = [("enginectl's home", ctx.config.home)]
     store = lazy_store(ctx)
     dest = check_target_place(Path(dest), protected_places(store, ctx.cache, protect))
+    chosen = choose(ctx, ref, allow_unready=allow_unready)
+    fetched = fetch_manifest(store, chosen.manifest, dest, cache=ctx.cache, verify=verify,
+                             force=force, progress=progress, protect=protect)
+    return replace(fetched, notes=chosen.notes)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What a fetch of a REF places, decided before a blob is read."""
+
+    found: Found
+    manifest: Manifest
+    notes: tuple[str, ...]
+
+
+def choose(ctx: Context, ref: str, *, allow_unready: bool = False) -> Chosen:
+    """The artifact *ref* names (`find`), its manifest (`artifact_manifest`, healing a
+    damaged one) and what fetch says about its status (`status_notes`, or refused)."""
     found = find(ctx, ref)
     ctx.begin(store=False)  # opened when the cache lacks the manifest or a blob
-    manifest = cached_manifest(store, ctx.cache, found.digest, heal=True)
-    notes = status_notes(found, manifest.kind, allow_unready=allow_unready)
-    fetched = fetch_manifest(store, manifest, dest, cache=ctx.cache, verify=verify,
-                             force=force, progress=progress, protect=protect)
-    return replace(fetched, notes=notes)
+    manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found, heal=True)
+    return Chosen(found, manifest,
+                  status_notes(found, manifest.kind, allow_unready=allow_unready))
+
+
+def artifact_manifest(store: Store, cache: BlobCache, found: Found, *,
+                      heal: bool = False) -> Manifest:
+    """`cached_manifest` of what `find` found. A digest the registry does not list (status
+    None) that the store has no manifest of either is not found (RecordNotFoundError, exit
+    6). A store that cannot be read (a `file://` folder that is not there, a missing bucket,
+    no answer) and a manifest that is there but damaged stay store errors (exit 4), and so
+    does a manifest missing for a digest the registry lists: the store lost it."""
+    try:
+        return cached_manifest(store, cache, found.digest, heal=heal)
+    except NotFoundError as exc:
+        if found.status is not None:
+            raise
+        root = getattr(store, "root", None)
+        if isinstance(root, Path) and not root.is_dir():
+            raise StoreError(f"store {store.url} cannot be read: its folder {root} does not "
+                             "exist (a volume not mounted, or the wrong ENGINECTL_STORE_URL)",
+                             url=store.url, operation="get_manifest", key=exc.key) from exc
+        raise RecordNotFoundError(
+            "artifact", found.digest,
+            hint=f"the store {store.url} has no manifest of it either; `enginectl ls` lists "
+                 "the artifacts there are") from exc
 
 
 def find(ctx: Context, ref: str) -> Found:

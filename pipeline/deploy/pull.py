@@ -38,7 +38,14 @@ from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from registry.errors import ManifestError, UnreadyError, UsageError
-from registry.fetch import Verify, cached_manifest, fetch_manifest, find, lazy_store
+from registry.fetch import (
+    Verify,
+    artifact_manifest,
+    cached_manifest,
+    fetch_manifest,
+    find,
+    lazy_store,
+)
 from registry.lookup import Found
 from registry.manifest import FileEntry, Manifest
 
@@ -160,14 +167,18 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
     """The artifact *ref* names, or (no *ref*) the best one resolve ranks for *request*,
     with its template and the manifests of everything it serves from."""
     notes: tuple[str, ...]
+    manifest: Manifest | None = None
     if ref is not None:
         found = find(ctx, ref)  # the registry's driver alone: no SQLAlchemy on this path
+        if found.status is None:  # the registry does not list it: is it in the store at all?
+            manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found)  # else exit 6
         notes = ref_notes(found, allow_unready=allow_unready)
     elif request is not None:
         found, notes = _resolved(ctx, request)
     else:
         raise UsageError("pull needs a REF or --model")
-    manifest = _manifest(ctx, found.digest)
+    if manifest is None:
+        manifest = _manifest(ctx, found.digest)
     how = template(found.digest, manifest.kind, manifest.labels, manifest.serve)
     sources = [manifest]
     if how.model_dir == "input":

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli.base import EXIT_CODES
+from registry.digest import Digest
+from registry.layout import manifest_key
 from tests.helpers import ROOT
+from tests.integration.s3server import CREDENTIALS, S3Server
 from tests.integration.test_registry_verbs import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -93,6 +98,74 @@ def test_an_outage_is_still_exit_4(home: dict[str, str]) -> None:
                  ["fetch", ALIAS, "-o", home["OUT"]]):
         assert "cannot use registry postgresql+psycopg://nobody@127.0.0.1:1/x" in run(
             down, *args, code=4)
+
+
+def unstored() -> str:
+    """A full digest nobody stored: what a script fetches after a typo in a digest."""
+    return f"sha256:{secrets.token_hex(32)}"
+
+
+def test_a_digest_neither_registry_nor_store_has_is_exit_6(home: dict[str, str]) -> None:
+    digest = unstored()
+    for verb in ("fetch", "pull"):
+        line = run(home, verb, digest, "-o", home["OUT"], code=6)
+        assert f"no artifact '{digest}' in the registry; the store file://" in line
+        assert "has no manifest of it either; `enginectl ls`" in line
+        assert not Path(home["OUT"]).exists()
+
+
+def test_a_store_fault_on_an_unlisted_digest_is_still_exit_4(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    """What the store cannot say is not "not found": a file store whose folder is not there
+    (a volume not mounted), a manifest that is there but damaged, a manifest the registry
+    lists but the store lost."""
+    missing = {**home, "ENGINECTL_STORE_URL": (tmp_path / "not-mounted").as_uri()}
+    for verb in ("fetch", "pull"):
+        line = run(missing, verb, unstored(), "-o", home["OUT"], code=4)
+        assert f"its folder {tmp_path / 'not-mounted'} does not exist" in line
+
+    store = Path(home["ENGINECTL_HOME"]) / "store"
+    for verb in ("fetch", "pull"):
+        digest = unstored()
+        damaged = store / manifest_key(Digest.parse(digest))
+        damaged.write_bytes(b'{"kind": "not this one"}')
+        line = run(home, verb, digest, "-o", home["OUT"], code=4)
+        assert "integrity check failed" in line
+        assert not Path(home["OUT"]).exists()
+
+    root = tmp_path / "lost"
+    env = {**home, "ENGINECTL_HOME": str(root / "home"), "ENGINECTL_CACHE_DIR": str(root / "c")}
+    listed = json.loads(run(env, "import", str(make_engine(root / "engine", tp=1)), "--kind",
+                            "trtllm-engine", "--model", "llama", "--gpu", "h100", "--ready",
+                            "--json", code=0))["digest"]
+    (root / "home" / "store" / manifest_key(Digest.parse(listed))).unlink()
+    shutil.rmtree(root / "c", ignore_errors=True)  # no copy of the manifest in a cache
+    for verb in ("fetch", "pull"):
+        line = run(env, verb, listed, "-o", home["OUT"], code=4)
+        assert f"manifest {listed} not found in" in line
+
+
+def test_a_digest_the_s3_store_lacks_is_exit_6_and_a_missing_bucket_exit_4(
+    home: dict[str, str], s3_server: S3Server, s3_bucket: str
+) -> None:
+    """A deploy node that has only the bucket (no registry lists the digest)."""
+    env = {**home, **CREDENTIALS,
+           "ENGINECTL_STORE_URL": f"s3://{s3_bucket}/prefix",
+           "ENGINECTL_S3_ENDPOINT_URL": s3_server.endpoint_url}
+    digest = unstored()
+    for verb in ("fetch", "pull"):
+        line = run(env, verb, digest, "-o", home["OUT"], code=6)
+        assert f"the store s3://{s3_bucket}/prefix has no manifest of it either" in line
+    key = f"prefix/{manifest_key(Digest.parse(digest))}"
+    s3_server.client.put_object(Bucket=s3_bucket, Key=key, Body=b"damaged")
+    for verb in ("fetch", "pull"):
+        assert "integrity check failed" in run(env, verb, digest, "-o", home["OUT"], code=4)
+        s3_server.client.put_object(Bucket=s3_bucket, Key=key, Body=b"damaged")  # if set aside
+    gone = {**env, "ENGINECTL_STORE_URL": f"s3://{s3_bucket}-gone/prefix"}
+    for verb in ("fetch", "pull"):
+        assert "does not exist" in run(gone, verb, unstored(), "-o", home["OUT"], code=4)
+    assert not Path(home["OUT"]).exists()
 
 
 def test_the_exit_codes_are_in_help_and_the_readme_alike() -> None:
