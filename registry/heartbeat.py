@@ -1,9 +1,18 @@
-"""The heartbeat: the one thread that keeps a held lease (`registry.leases`) alive.
+"""The heartbeat: the one thread that keeps a row with an expiry alive — a held lease
+(`registry.leases`, the default) or a publish's pending row (`registry.pending`).
 
     with Heartbeat(ctx.registry, key, owner=owner, ttl_s=ttl_s, on_lost=stop_the_work):
         ...  # the work the lease guards
 
-It renews the lease every third of its TTL. A renewal that fails (the database restarted, a
+    Heartbeat(ctx.registry, pending_id, owner=owner, ttl_s=ttl_s, on_lost=note_it,
+              renew=renew_the_row, what=f"pending publish {pending_id}",
+              why_lost=lambda: "its row was removed")
+
+*renew* (one session in, True: renewed, False: the row is not ours any more) is what one
+renewal does; *what* names the row in the reasons, *why_lost* says why a False answer lost
+it. Their defaults are the lease on *key* held by *owner*.
+
+It renews the row every third of its TTL. A renewal that fails (the database restarted, a
 connection was dropped, the network blinked) is retried with backoff for as long as the
 lease still has time left; a blip never loses a lease. The lease is lost when
 
@@ -25,10 +34,13 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from registry import leases
 from registry.db import Registry
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 NO_ANSWER: Final = "the registry did not answer in time"
 FIRST_RETRY_S: Final = 0.1
@@ -36,14 +48,20 @@ FIRST_RETRY_S: Final = 0.1
 
 
 class Heartbeat:
-    """Renews *owner*'s lease on *key* in a daemon thread from `start` to `stop` (or a `with`
-    block); see the module doc. *taken_at* is when the statement that took the lease was
-    sent (`time.monotonic()`; None: now, for a heartbeat started right after it)."""
+    """Renews *owner*'s lease on *key* (or what *renew* renews) in a daemon thread from
+    `start` to `stop` (or a `with` block); see the module doc. *taken_at* is when the
+    statement that took the lease (or wrote the row) was sent (`time.monotonic()`; None: now,
+    for a heartbeat started right after it)."""
 
     def __init__(self, registry: Registry, key: str, *, owner: str, ttl_s: float,
-                 on_lost: Callable[[str], None], taken_at: float | None = None) -> None:
+                 on_lost: Callable[[str], None], taken_at: float | None = None,
+                 renew: Callable[[Session], bool] | None = None, what: str | None = None,
+                 why_lost: Callable[[], str] | None = None) -> None:
         self.registry, self.key, self.owner, self.ttl_s = registry, key, owner, ttl_s
         self.on_lost, self.taken_at = on_lost, taken_at
+        self.renew = renew or self._renew_lease
+        self.what = what or f"lease on {key}"
+        self.why_lost = why_lost or self._taken_over
         self.lost: str | None = None
         """Why the lease was lost (None while it is held)."""
         self._done = threading.Event()
@@ -84,14 +102,14 @@ class Heartbeat:
                 backoff, due = FIRST_RETRY_S, sent + interval
                 continue
             if answer is False:
-                self._lose(self._taken_over())
+                self._lose(f"{self.what} lost: {self.why_lost()}")
                 return
             if answer != NO_ANSWER or not error:  # what failed, rather than the time out
                 error = answer
             left = self._held_until - margin - time.monotonic()
             if left <= 0:
                 unreached = time.monotonic() - (self._held_until - self.ttl_s)
-                self._lose(f"lease on {self.key} lost: no renewal reached the registry for "
+                self._lose(f"{self.what} lost: no renewal reached the registry for "
                            f"{unreached:.0f} s (last error: {error})")
                 return
             due = time.monotonic() + min(backoff, left)
@@ -105,8 +123,7 @@ class Heartbeat:
         def renew() -> None:
             try:
                 with self.registry.session() as session:
-                    answer.append(leases.renew_lease(session, self.key, owner=self.owner,
-                                                     ttl_s=self.ttl_s))
+                    answer.append(self.renew(session))
             except Exception as exc:  # noqa: BLE001 - any failure is retried while time is left
                 answer.append(" ".join(f"{type(exc).__name__}: {exc}".split())[:300])
 
@@ -115,19 +132,21 @@ class Heartbeat:
         attempt.join(max(0.0, timeout_s))
         return answer[0] if answer else NO_ANSWER
 
+    def _renew_lease(self, session: Session) -> bool:
+        return leases.renew_lease(session, self.key, owner=self.owner, ttl_s=self.ttl_s)
+
     def _taken_over(self) -> str:
-        """Why a renewal answered "not yours", from the lease's row."""
-        prefix = f"lease on {self.key} lost"
+        """Why a lease renewal answered "not yours", from the lease's row."""
         try:
             with self.registry.session(readonly=True) as session:
                 held = leases.get_stage_run(session, self.key)
         except Exception:  # noqa: BLE001 - the reason is best effort; the loss is certain
-            return f"{prefix}: it is no longer held by {self.owner}"
+            return f"it is no longer held by {self.owner}"
         if held is None:
-            return f"{prefix}: its row was removed"
+            return "its row was removed"
         if held.status != "running":
-            return f"{prefix}: its run was marked {held.status}"
-        return f"{prefix}: taken over by {held.owner} on {held.host} (pid {held.pid})"
+            return f"its run was marked {held.status}"
+        return f"taken over by {held.owner} on {held.host} (pid {held.pid})"
 
     def _lose(self, reason: str) -> None:
         self.lost = reason

@@ -11,8 +11,13 @@ Two mechanisms, because each alone has a hole:
 
 - The pending row (blobs, owner, expiry) is committed before the publish asks which blobs
   the store already has, so a gc that starts later keeps them (gc keeps every blob of a
-  live row). Its expiry (`TTL`, an hour) is renewed every `RENEW` while the publish runs;
-  a publisher killed mid-way leaves a row that expires, and then its blobs are fair game.
+  live row). Its expiry (`TTL`, an hour) is renewed by a `registry.heartbeat.Heartbeat`
+  every third of it while the publish runs; a renewal that fails (a database blip) is
+  retried while the row has time left. A publisher killed mid-way leaves a row that
+  expires, and then its blobs are fair game. A row that is lost while the publish runs
+  (gc or someone removed it, or no renewal got through in time) is recorded in `lost`: gc
+  may have taken its blobs, and the publish checks them all again before it registers
+  (`registry.publish`).
 - A gc that had already listed the pending rows when the publish began, and found an old
   blob unreferenced, may still delete it after the publish saw it present. So the last
   step runs under the registry's gc lock, shared (`registry.gclock`; gc holds it
@@ -26,6 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import delete, insert, select, update
 
 from registry.digest import Digest
+from registry.heartbeat import Heartbeat
 from registry.models import PendingPublish, utcnow
 from registry.progress import NoProgress, Progress
 from registry.store import WORKERS
@@ -47,8 +54,8 @@ if TYPE_CHECKING:
     from registry.context import Context
 
 TTL: Final = timedelta(hours=1)
-"""How long a pending row protects its blobs without being renewed."""
-RENEW: Final = timedelta(minutes=10)
+"""How long a pending row protects its blobs without being renewed (`Pending.begin` takes
+another, for tests); its heartbeat renews it every third of that."""
 
 
 def add_pending(session: Session, pending_id: str, *, owner: str, blobs: list[str],
@@ -94,27 +101,35 @@ class Pending:
         self.id = pending_id
         self.uploaded: list[Digest] = []
         self.committed = False
-        self._done = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
 
     @classmethod
     def begin(cls, ctx: Context, sources: Mapping[Digest, Path], *,
-              renew: bool = True) -> Pending:
-        """Record the pending row (committed), and renew it every RENEW until `end`."""
+              renew: bool = True, ttl: timedelta = TTL) -> Pending:
+        """Record the pending row (committed), expiring *ttl* from now, and keep renewing
+        it until `end` (unless *renew* is False: a publish much shorter than the TTL)."""
         pending = cls(ctx, sources, uuid.uuid4().hex)
+        owner = f"{socket.gethostname()}-{os.getpid()}"
+        sent = time.monotonic()
         with ctx.registry.session() as session:
-            add_pending(session, pending.id, owner=f"{socket.gethostname()}-{os.getpid()}",
+            add_pending(session, pending.id, owner=owner, ttl=ttl,
                         blobs=sorted(str(d) for d in pending.sources))
         if renew:
-            pending._renewer = threading.Thread(target=pending._renew, daemon=True,
-                                                name="pending-renew")
-            pending._renewer.start()
+            def renew_row(session: Session) -> bool:
+                return renew_pending(session, pending.id, ttl=ttl)
+
+            pending._heartbeat = Heartbeat(
+                ctx.registry, pending.id, owner=owner, ttl_s=ttl.total_seconds(),
+                on_lost=lambda _reason: None, taken_at=sent, renew=renew_row,
+                what=f"pending publish {pending.id}", why_lost=lambda: "its row was removed",
+            ).start()
         return pending
 
-    def _renew(self) -> None:
-        while not self._done.wait(RENEW.total_seconds()):
-            with self.ctx.registry.session() as session:
-                renew_pending(session, self.id)
+    @property
+    def lost(self) -> str | None:
+        """Why the pending row was lost while the publish ran, in one line (None: it was
+        renewed all along): its blobs may have been collected meanwhile."""
+        return self._heartbeat.lost if self._heartbeat is not None else None
 
     def upload(self, *, progress: Progress | None = None,
                stop: threading.Event | None = None) -> int:
@@ -145,12 +160,13 @@ class Pending:
     @contextmanager
     def committing(self, *, also: Callable[[], None] | None = None) -> Iterator[Session]:
         """A write session for the rows that reference the blobs, opened under the gc lock
-        (shared) once every blob is in the store again (and *also*, e.g. the manifest, is
-        done); the pending row is dropped in the same transaction."""
+        (shared) once *also* (e.g. the manifest, or what a publish whose row was lost
+        checks) is done and every blob is in the store again; the pending row is dropped in
+        the same transaction."""
         with self.ctx.registry.gc_lock(shared=True):
-            self.restore()
             if also is not None:
                 also()
+            self.restore()
             with self.ctx.registry.session() as session:
                 yield session
                 drop_pending(session, self.id)
@@ -165,7 +181,5 @@ class Pending:
                 drop_pending(session, self.id)
 
     def _stop_renewing(self) -> None:
-        self._done.set()
-        if self._renewer is not None and self._renewer is not threading.current_thread():
-            self._renewer.join()
-            self._renewer = None
+        if self._heartbeat is not None:
+            self._heartbeat.stop()

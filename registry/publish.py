@@ -13,7 +13,11 @@ Publishing the same content twice is a no-op; identical files are stored once.
     upload          put the blobs the store lacks, or holds at another size
     write_manifest  put the manifest (a stored one is compared, and replaced if damaged)
     commit          under the gc lock (shared): every blob and the manifest are there, put
-                    back any that gc removed; register; drop the pending row
+                    back any that gc removed; register; drop the pending row. A pending row
+                    lost meanwhile (`Pending.lost`: gc removed it, or no renewal got through
+                    in time) has every blob the manifest names checked again and uploaded
+                    again from its file; one that cannot be fails the publish (exit 4),
+                    nothing registered
 
 so tests can run gc between any two of them (`registry.pending` says why nothing it relies on
 can be lost). `run` does them in that order except that it hashes xxh3-128 first, all that
@@ -33,11 +37,12 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from registry.digest import Digest, FileDigests, digest_file
-from registry.errors import ManifestError, StoppedError
+from registry.errors import ManifestError, RegistryError, StoppedError
 from registry.manifest import FILL_MARKER, FileEntry, Manifest, check_path
 from registry.progress import NoProgress, Progress
 from registry.store import WORKERS
@@ -254,10 +259,11 @@ class Publication:
                                 recipe_digest=self.recipe_digest)
         return self.manifest
 
-    def begin(self) -> None:
-        from registry.pending import Pending
+    def begin(self, *, ttl: timedelta | None = None) -> None:
+        """*ttl*: how long the pending row lasts unless renewed (`registry.pending.TTL`)."""
+        from registry.pending import TTL, Pending
 
-        self.pending = Pending.begin(self.ctx, self.sources)
+        self.pending = Pending.begin(self.ctx, self.sources, ttl=ttl or TTL)
 
     def upload(self) -> None:
         assert self.pending is not None, "begin() first"  # noqa: S101 - phase order
@@ -282,7 +288,7 @@ class Publication:
         assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
         assert self.record is not None  # noqa: S101 - set with the manifest
         record = replace(self.record, created_at=utcnow())
-        with self.pending.committing(also=self._manifest_again) as session:
+        with self.pending.committing(also=self._before_registering) as session:
             registered = records.add_artifact_if_absent(session, record)
             if registered:
                 history.registered(self.ctx.store, record)
@@ -292,6 +298,32 @@ class Publication:
         uploaded = self.pending.uploaded
         return Published(record.digest, self.manifest, registered, len(uploaded),
                          self.bytes_uploaded)
+
+    def _before_registering(self) -> None:
+        """Under the gc lock, before the pending publish's own check (`Pending.restore`)."""
+        assert self.pending is not None  # noqa: S101 - commit checked it
+        if self.pending.lost is not None:
+            self._blobs_again(self.pending.lost)
+        self._manifest_again()
+
+    def _blobs_again(self, lost: str) -> None:
+        """The pending row was lost, so gc may have taken any blob: every blob the manifest
+        names is checked (at its size) and one that is gone is uploaded again from its file
+        (its digest checked as it goes); if one cannot be, nothing is registered."""
+        assert self.manifest is not None  # noqa: S101 - commit checked it
+        sizes = {entry.xxh3: entry.size for entry in self.manifest.files}
+        for digest in sorted(self.ctx.store.missing_blobs(sizes)):
+            source = self.sources.get(digest)
+            try:
+                if source is None:
+                    raise FileNotFoundError(f"no file of {self.root} holds it")
+                self.ctx.store.put_blob(digest, source)
+            except (OSError, RegistryError) as exc:
+                why = " ".join(f"{exc}".split())[:300]
+                raise RegistryError(
+                    f"{self.root} was not published: {lost}, blob {digest} is no longer in "
+                    f"{self.ctx.store.url} and could not be uploaded again ({why}); run the "
+                    "same command again") from exc
 
     def _manifest_again(self) -> None:
         """Under the gc lock: gc removes only the manifests of deleted artifacts, so only

@@ -19,18 +19,30 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from registry import records
+from registry.config import RegistryConfig
+from registry.context import Context
 from registry.db import open_registry
+from registry.digest import Digest
+from registry.errors import RegistryError
+from registry.fetch import fetch
+from registry.fsck import fsck
+from registry.gc import gc
 from registry.heartbeat import Heartbeat
 from registry.leases import NIGHTLY_KEY, try_acquire_nightly
+from registry.models import PendingPublish
+from registry.pending import Pending, drop_pending
+from registry.publish import Publication
 from tests.integration.db_fixtures import POSTGRES_URL
 from tests.integration.test_build import (
     ENGINECTL,
@@ -43,6 +55,7 @@ from tests.integration.test_build import (
     waiting_for_the_engine,
     write_recipe,
 )
+from tests.integration.test_registry_verbs import make_engine
 from tests.integration.test_runner import wait_gone
 
 GUARD_S = 300  # against a hung builder, not a timing assertion
@@ -330,3 +343,145 @@ def test_a_nightly_whose_lease_is_taken_away_stops(tmp_path: Path, registry_url:
             "SELECT status, report FROM nightly_runs ORDER BY id DESC LIMIT 1")).one()
     assert status == "failed"
     assert why in (json.loads(report) if isinstance(report, str) else report)["error"]
+
+
+# --- a publish's pending row (`registry.pending`) ------------------------------------------------
+
+
+PENDING_TTL = timedelta(seconds=BLIP_TTL_S)
+NO_GRACE = timedelta(0)  # gc takes every unreferenced blob, however new
+
+
+def _publication(ctx: Context, tmp_path: Path, seed: int) -> Publication:
+    source = make_engine(tmp_path / "engine", seed=seed)
+    return Publication(ctx, source, kind="trtllm-engine", status="ready",
+                       labels={"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2})
+
+
+def _pending_expiry(registry_url: str, pending_id: str) -> datetime | None:
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        expiry: datetime | None = session.scalar(
+            select(PendingPublish.expires_at).where(PendingPublish.id == pending_id))
+    return expiry
+
+
+def _renewed_or_lost(registry_url: str, pending: Pending) -> None:
+    """Wait for the next renewal of *pending*'s row (or for its heartbeat to give it up)."""
+    seen = _pending_expiry(registry_url, pending.id)
+    deadline = time.monotonic() + GUARD_S
+    while _pending_expiry(registry_url, pending.id) == seen and pending.lost is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _sizes(publication: Publication) -> dict[Digest, int]:
+    assert publication.manifest is not None
+    return {entry.xxh3: entry.size for entry in publication.manifest.files}
+
+
+@pytest.fixture
+def blip_ctx(tmp_path: Path, blip: Blip) -> Iterator[Context]:
+    """A publisher whose PostgreSQL connections the test drops (`blip`), on a file store."""
+    context = Context(RegistryConfig(home=tmp_path / "home",
+                                     store_url=(tmp_path / "store").as_uri(),
+                                     s3_endpoint_url=None,
+                                     registry_url=blip.url, cache_dir=tmp_path / "cache"))
+    yield context
+    context.close()
+
+
+def test_dropped_connections_never_let_a_pending_publish_expire(
+    blip_ctx: Context, tmp_path: Path, postgres_url: str, blip: Blip
+) -> None:
+    """A publish's connections are dropped and refused past a renewal of its pending row,
+    twice: the heartbeat retries until the database answers and renews the row, so a gc
+    (another host, grace 0) meanwhile keeps every blob, and the publish completes."""
+    publication = _publication(blip_ctx, tmp_path, seed=1)
+    publication.prepare()
+    publication.begin(ttl=PENDING_TTL)
+    pending = publication.pending
+    assert pending is not None
+    publication.upload()
+    for _ in range(2):
+        _renewed_or_lost(postgres_url, pending)  # right after a renewal, refuse past the next
+        blip.refuse(BLIP_TTL_S / 3 + 1)
+    _renewed_or_lost(postgres_url, pending)  # through a new connection
+    assert pending.lost is None
+    gc_ctx = Context(replace(blip_ctx.config, registry_url=postgres_url,
+                             home=tmp_path / "gc-home", cache_dir=tmp_path / "gc-cache"))
+    try:
+        collected = gc(gc_ctx, grace=NO_GRACE)
+        assert collected.blobs == []
+        assert collected.kept_in_flight == len(_sizes(publication))
+        assert gc_ctx.store.missing_blobs(_sizes(publication)) == set()
+        publication.write_manifest()
+        published = publication.commit()
+        publication.abort()  # nothing left to drop: the row went with the commit
+        assert published.registered
+        assert pending.lost is None
+        assert _pending_expiry(postgres_url, pending.id) is None
+        assert fsck(gc_ctx).problems == []
+    finally:
+        gc_ctx.close()
+
+
+def _lose_the_pending_row(ctx: Context, publication: Publication) -> Pending:
+    """Begin and upload *publication*, then remove its pending row as gc would (an expired
+    row) and wait for its heartbeat to notice; then a gc takes every blob it uploaded."""
+    publication.prepare()
+    publication.begin(ttl=timedelta(seconds=3))
+    pending = publication.pending
+    assert pending is not None
+    publication.upload()
+    with ctx.registry.session() as session:
+        drop_pending(session, pending.id)
+    deadline = time.monotonic() + GUARD_S
+    while pending.lost is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert pending.lost == f"pending publish {pending.id} lost: its row was removed"
+    assert set(gc(ctx, grace=NO_GRACE).blobs) == set(_sizes(publication))
+    return pending
+
+
+def test_a_publish_whose_pending_row_is_removed_uploads_its_blobs_again(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """The pending row is removed under a publish (its blobs then collected): the publish
+    notices, checks every blob its manifest names and uploads the missing ones again before
+    it registers; the artifact fetches whole."""
+    publication = _publication(ctx, tmp_path, seed=2)
+    _lose_the_pending_row(ctx, publication)
+    publication.write_manifest()
+    published = publication.commit()
+    publication.abort()
+    assert published.registered
+    assert ctx.store.missing_blobs(_sizes(publication)) == set()
+    fetch(ctx, published.digest, tmp_path / "out")
+    for path in publication.root.rglob("*"):
+        if path.is_file():
+            relative = path.relative_to(publication.root)
+            assert (tmp_path / "out" / relative).read_bytes() == path.read_bytes()
+    assert fsck(ctx).problems == []
+
+
+def test_a_publish_whose_pending_row_is_removed_and_cannot_upload_again_fails(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """As above, but a collected blob's file is gone by the commit: the publish fails in one
+    line saying why (exit 4) and registers nothing that would point at a missing blob."""
+    publication = _publication(ctx, tmp_path, seed=3)
+    pending = _lose_the_pending_row(ctx, publication)
+    publication.write_manifest()
+    gone = publication.root / "rank1.engine"
+    gone.unlink()
+    with pytest.raises(RegistryError) as caught:
+        publication.commit()
+    publication.abort()
+    message = str(caught.value)
+    assert caught.value.exit_code == 4
+    assert "\n" not in message
+    assert message.startswith(f"{publication.root} was not published: {pending.lost}, blob ")
+    assert message.endswith("; run the same command again")
+    with ctx.registry.session(readonly=True) as session:
+        assert records.list_artifacts(session) == []
