@@ -56,14 +56,13 @@ def read_whole(store: Store, digest: Digest) -> Digest | None:
     return digest
 
 
-def blob_is_damaged(store: Store, digest: Digest, size: int | None,
-                    first: IntegrityError) -> bool:
-    """Whether the blob really is damaged, given the IntegrityError of one read: when two
-    whole reads hash its bytes to the same wrong digest. *first* counts as one when it
-    hashed them; a wrong size it saw only sends the blob to be read whole twice. (*size*,
-    the manifest's, is not assumed by those reads: a blob of another size hashes wrong.)"""
-    del size
-    seen = first.actual
+def blob_is_damaged(store: Store, digest: Digest, first: IntegrityError | None = None) -> bool:
+    """Whether the blob really is damaged: when two whole fresh reads hash its bytes to the
+    same wrong digest. *first*, the IntegrityError of an earlier read, counts as one when it
+    hashed them; a wrong size it saw, or one a listing or a HEAD reported (no *first*), only
+    sends the blob to be read whole twice. A read that hashes nothing (a transport or
+    protocol fault, the blob gone) proves nothing: False."""
+    seen = first.actual if first is not None else None
     for _read in range(2):
         got = read_whole(store, digest)
         if got is None or got == digest:
@@ -75,9 +74,11 @@ def blob_is_damaged(store: Store, digest: Digest, size: int | None,
 
 
 def set_aside_damaged_blob(store: Store, digest: Digest, size: int | None,
-                           first: IntegrityError) -> str | None:
-    """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None."""
-    if not blob_is_damaged(store, digest, size, first):
+                           first: IntegrityError | None) -> str | None:
+    """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None.
+    (*size* is not used: no read assumes it. It stays until fetch stops passing it.)"""
+    del size
+    if not blob_is_damaged(store, digest, first):
         return None
     return set_aside(store, blob_key(digest))
 

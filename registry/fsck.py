@@ -7,7 +7,11 @@ With `repair`, what can be done here is done, and said:
 
 - a manifest that fails its sha256 (twice) is set aside under `damaged/`, so the next
   publish of its content writes it again;
-- a blob that fails its digest (twice) or has the wrong size is set aside the same way;
+- a blob is set aside the same way only when fresh whole reads prove its bytes wrong
+  (`registry.damage.blob_is_damaged`: two reads hash them to the same wrong digest). A
+  size the store reports that is not the manifest's (a HEAD's, a listing's) only sends the
+  blob to be read whole; when those reads hash right, or fail (a transport or protocol
+  fault), the size is still reported and the blob stays where it is;
 - a blob that is missing or was set aside is put back from this machine's fetch cache when
   the cache holds it (re-hashed first); otherwise publishing the same content again (an
   `enginectl import` of the source, or a rebuild) uploads it.
@@ -75,11 +79,11 @@ def fsck(ctx: Context, *, verify_blobs: bool = True, repair: bool = False,
     absent = ctx.store.missing_blobs({d: b.size for d, b in blobs.items()})
     broken: dict[Digest, str] = {}
     for digest in sorted(absent):
-        broken[digest] = (f"blob {digest} has the wrong size in the store"
-                          if ctx.store.has_blob(digest)
+        held = ctx.store.has_blob(digest)
+        broken[digest] = (f"blob {digest} has the wrong size in the store" if held
                           else f"blob {digest} is missing from the store")
-        if repair and ctx.store.has_blob(digest):
-            _set_aside(ctx, digest, result)
+        if repair and held:
+            _set_aside_if_damaged(ctx, digest, None, result)
     if verify_blobs:
         present = sorted(set(blobs) - absent)
         for digest, error in zip(present, _verify(ctx, present, blobs, progress), strict=True):
@@ -87,8 +91,8 @@ def fsck(ctx: Context, *, verify_blobs: bool = True, repair: bool = False,
                 continue
             broken[digest] = (f"blob bytes hash to {error.actual}, expected {error.expected}"
                               if error.actual is not None else f"blob {error.detail}")
-            if repair and blob_is_damaged(ctx.store, digest, blobs[digest].size, error):
-                _set_aside(ctx, digest, result)
+            if repair:
+                _set_aside_if_damaged(ctx, digest, error, result)
     for digest, what in sorted(broken.items()):
         restored = repair and _restore_from_cache(ctx, digest, blobs[digest].size, result)
         for artifact, path in blobs[digest].users:
@@ -145,7 +149,15 @@ def _verify(ctx: Context, present: list[Digest], blobs: dict[Digest, _Blob],
     return found
 
 
-def _set_aside(ctx: Context, digest: Digest, result: Checked) -> None:
+def _set_aside_if_damaged(ctx: Context, digest: Digest, first: IntegrityError | None,
+                          result: Checked) -> None:
+    """Set the blob aside when fresh whole reads prove it damaged (*first*: the error of
+    the read that found it, None when only its size was wrong); say what was done."""
+    if not blob_is_damaged(ctx.store, digest, first):
+        result.repairs.append(
+            f"kept blob {digest}: fresh whole reads did not prove its bytes wrong (they hash "
+            "right, or the store could not be read); run `enginectl fsck` again")
+        return
     aside = set_aside(ctx.store, blob_key(digest))
     if aside:
         result.repairs.append(f"moved the damaged blob {digest} to {aside}")

@@ -5,7 +5,9 @@
 "pass" (forward it), "total" (forward it, and answer with a Content-Range whose total,
 the object's size, is one more than the server said: a broken server or proxy), "whole"
 (forward it without its Range header: a 200 with the whole object, as a server that
-ignores ranges answers),
+ignores ranges answers), "size" (forward it, and say every object is a byte larger than
+it is: a HEAD's Content-Length, each `<Size>` of a LIST answer; the bytes of any other
+GET are untouched, as a listing out of step with the objects says),
 "slowdown" (503 SlowDown, what S3 says when throttling), "forbidden"
 (403 AccessDenied, what S3 says to a request it will not take), "refuse" (the same 403
 sent before reading any of the body, then the connection closed), "reset"
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import re
 import ssl
 import threading
 import zlib
@@ -33,8 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["pass", "total", "whole", "slowdown", "forbidden", "refuse", "reset", "cut",
-                "hold"]
+Fault = Literal["pass", "total", "whole", "size", "slowdown", "forbidden", "refuse", "reset",
+                "cut", "hold"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -68,6 +71,18 @@ def _read_body(rfile: BinaryIO, length: str | None, encoding: str | None) -> byt
 
 def _crc32(data: bytes) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode("ascii")
+
+
+def _larger_sizes(listing: bytes) -> bytes:
+    """A LIST answer whose every `<Size>n</Size>` says n + 1."""
+    return re.sub(rb"<Size>(\d+)</Size>",
+                  lambda m: b"<Size>%d</Size>" % (int(m.group(1)) + 1), listing)
+
+
+def _head_length(answer: http.client.HTTPResponse, fault: Fault) -> str:
+    """A HEAD's Content-Length: the object's size (one more under "size")."""
+    length = answer.getheader("Content-Length", "0")
+    return str(int(length) + 1) if fault == "size" and length.isdigit() else length
 
 
 def _wrong_total(content_range: str) -> str:
@@ -167,13 +182,15 @@ class FaultyProxy:
                     self._error(*((503, SLOWDOWN) if fault == "slowdown" else (403, FORBIDDEN)))
                     return
                 answer, data = self._upstream(body, fault)
+                listing = fault == "size" and "list-type=" in self.path
+                data = _larger_sizes(data) if listing else data
                 self.send_response(answer.status, answer.reason)
                 for name, value in answer.getheaders():
                     if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(name, _wrong_total(value) if fault == "total"
                                          and name.lower() == "content-range" else value)
                 # a HEAD's Content-Length is the object's size, not the (empty) body's
-                self.send_header("Content-Length", answer.getheader("Content-Length", "0")
+                self.send_header("Content-Length", _head_length(answer, fault)
                                  if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
                 if fault == "cut" and len(data) > 1:
