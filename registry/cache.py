@@ -3,7 +3,8 @@
     <root>/xxh3-128/<2 hex>/<30 hex>            an entry: one blob's bytes, read-only
     <root>/xxh3-128/<2 hex>/.<30 hex>.verified  its stamp: size, mtime, ctime, inode and
                                                 device when its bytes were last proven
-    <root>/xxh3-128/<2 hex>/.tmp-<hex>          a fill in progress (or killed: gc removes it)
+    <root>/xxh3-128/<2 hex>/.tmp-<hex>          a fill in progress, locked (or killed:
+                                                unlocked, and gc removes it)
     <root>/manifests/sha256/<64 hex>.json       a copy of a manifest fetched from the store
 
 Only `xxh3-128/` and `manifests/` belong to the cache: anything else under the root (the
@@ -28,21 +29,30 @@ when it was last verified. Otherwise it is re-hashed: stamped again when it stil
 digest's bytes (a link or chmod changes the ctime too), evicted when it does not.
 `file_stamp` and `check_file` apply the same rule to a file outside the cache (`serve`'s
 directory, whose files were placed from here).
+
+Every temp file (`.tmp-<hex>`: a fill, a stamp, a manifest copy being written) is held
+under an exclusive `fcntl.flock` by its writer from the moment it is created until it is
+renamed into place or removed; the kernel drops the lock when the writer dies. gc
+(`remove_partial`) removes only temp files that are unlocked and older than its cutoff, so
+even `gc --grace 0` never takes the temp file of a fetch in progress, however long it has
+been stalled, and always takes a killed one's. A writer writes *into* its temp path (never
+replaces it), so the lock stays on the file it names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
+import stat
 import uuid
-from collections.abc import Callable, Iterable
-from datetime import datetime
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from registry.digest import Digest, digest_file, sha256_of
-from registry.filestore import remove_stale
 
 FOLDER: Final = "xxh3-128"
 MANIFESTS: Final = "manifests/sha256"
@@ -130,17 +140,14 @@ class BlobCache:
         if sha256_of(data) != digest:
             raise ValueError(f"these bytes are not manifest {digest}")
         copy = self.manifest_path(digest)
-        temp = copy.with_name(f".tmp-{uuid.uuid4().hex}")
         try:
             copy.parent.mkdir(parents=True, exist_ok=True)
-            temp.write_bytes(data)
-            temp.chmod(0o444)
-            temp.replace(copy)
+            with _writing(copy.parent) as temp:
+                temp.write_bytes(data)
+                temp.chmod(0o444)
+                temp.replace(copy)
         except OSError:
             pass
-        finally:
-            with contextlib.suppress(OSError):
-                temp.unlink()
 
     def _stamp_path(self, entry: Path) -> Path:
         return entry.with_name(f".{entry.name}.verified")
@@ -226,14 +233,10 @@ class BlobCache:
         """Run *write(temp_path)* (which must verify what it writes), then publish the entry."""
         final = self.path(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
-        temp = final.parent / f".tmp-{uuid.uuid4().hex}"
-        try:
+        with _writing(final.parent) as temp:
             write(temp)
             temp.chmod(0o444)
             temp.replace(final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
         self._stamp(final)
         return final
 
@@ -256,22 +259,20 @@ class BlobCache:
             stamp = _stamp_of(entry.lstat())
         except FileNotFoundError:
             return
-        temp = entry.parent / f".tmp-{uuid.uuid4().hex}"
-        try:
+        with _writing(entry.parent) as temp:
             temp.write_text(stamp, encoding="ascii")
             temp.replace(self._stamp_path(entry))
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
-        """Temp entries (`.tmp-*`) of fills killed before *before*: a fetch that was
-        interrupted resumes from its finished entries, never from these. Only `xxh3-128/`
-        (here and in the older cache places) and `manifests/` are looked at."""
+        """Temp files (`.tmp-*`) of writers killed before *before*: a fetch that was
+        interrupted resumes from its finished entries, never from these. One a live writer
+        holds locked stays, whatever its age. Only `xxh3-128/` (here and in the older cache
+        places) and `manifests/` are looked at. Their count (removed, or under *dry_run* to
+        be)."""
         paths = [path for root in (self.root, *self.legacy)
                  for path in (root / FOLDER).glob("*/.tmp-*")]
         paths += self.root.joinpath(*MANIFESTS.split("/")).glob(".tmp-*")
-        return remove_stale(paths, before, dry_run=dry_run)
+        return sum(_remove_abandoned(path, before, dry_run=dry_run) for path in paths)
 
     def count(self, digests: Iterable[Digest]) -> int:
         """How many of *digests* have an entry here (unverified: for messages)."""
@@ -279,9 +280,64 @@ class BlobCache:
 
 
 def _regular(info: os.stat_result) -> bool:
-    import stat
-
     return stat.S_ISREG(info.st_mode)
+
+
+@contextlib.contextmanager
+def _writing(folder: Path) -> Iterator[Path]:
+    """A new temp file `.tmp-<hex>` in *folder*, empty, held under an exclusive flock until
+    the block ends (then removed, unless the block renamed it away). Its path is yielded
+    only once the lock is held on the file that path names: one gc removed in between (it
+    found it unlocked) is given up for a new one."""
+    while True:
+        temp = folder / f".tmp-{uuid.uuid4().hex}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _names(temp, fd):
+                try:
+                    yield temp
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        temp.unlink()  # while still locked: gc never sees it unlocked
+                return
+        finally:
+            os.close(fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether *path* names the file open as *fd*."""
+    try:
+        named, held = path.stat(), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _remove_abandoned(path: Path, before: datetime, *, dry_run: bool) -> bool:
+    """Remove the temp file *path* when it is a regular file last modified before *before*
+    and no live writer holds its lock (a killed one holds none); whether it was (or, under
+    *dry_run*, would be). The lock is held while it is removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # gone meanwhile, a link, or not ours to read
+        return False
+    try:
+        info = os.fstat(fd)
+        if not _regular(info) or datetime.fromtimestamp(info.st_mtime, UTC) >= before:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a writer at work (a fetch stalled mid-blob, say)
+        if not _names(path, fd):
+            return False  # renamed into place meanwhile: the writer finished
+        if not dry_run:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return True
+    finally:
+        os.close(fd)
 
 
 def _copy_verified(source: Path, temp: Path, *, digest: Digest) -> None:

@@ -12,10 +12,12 @@ GET are untouched, as a listing out of step with the objects says),
 (403 AccessDenied, what S3 says to a request it will not take), "refuse" (the same 403
 sent before reading any of the body, then the connection closed), "reset"
 (close the connection without an answer), "cut" (forward it, then send the headers and
-only the first half of the body, and close) or "hold" (send the headers and the first half
+only the first half of the body, and close), "hold" (send the headers and the first half
 of the body, set `holding`, then trickle one more byte every half second, so that no read
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
-a PUT, set `holding` and read none of the upload until the proxy is closed).
+a PUT, set `holding` and read none of the upload until the proxy is closed), or "pause"
+(a GET: send the headers and the first half of the body, set `holding`, and send the rest
+once `resume` is set: a transfer stalled mid-body that then goes on).
 `ranges` records every GET's Range header, `gets` every GET's path (with its query) and
 Range header, `puts` every PUT's path and headers, `put_crc32` the CRC32 of the body each
 PUT that sent one by its Content-Length carried (as S3 writes it: base64 of 4 big-endian
@@ -37,7 +39,7 @@ from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
 Fault = Literal["pass", "total", "whole", "size", "slowdown", "forbidden", "refuse", "reset",
-                "cut", "hold"]
+                "cut", "hold", "pause"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -103,6 +105,8 @@ class FaultyProxy:
         """Set once a "hold" answer has sent half its body and is stalling."""
         self.released = threading.Event()
         """Set when the proxy closes: stalled answers end then."""
+        self.resume = threading.Event()
+        """Set to let a "pause" answer send the rest of its body."""
         lock = threading.Lock()
         proxy = self
 
@@ -193,6 +197,10 @@ class FaultyProxy:
                 self.send_header("Content-Length", _head_length(answer, fault)
                                  if self.command == "HEAD" else str(len(data)))
                 self.end_headers()
+                self._body(data, fault)
+
+            def _body(self, data: bytes, fault: Fault) -> None:
+                """The answer's body, as *fault* sends it."""
                 if fault == "cut" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
                     self.close_connection = True
@@ -211,8 +219,24 @@ class FaultyProxy:
                         sent += 1
                     self.close_connection = True
                     self.connection.close()
+                elif fault == "pause" and len(data) > 1:
+                    self._pause(data)
                 elif self.command != "HEAD":
                     self.wfile.write(data)
+
+            def _pause(self, data: bytes) -> None:
+                """Send the first half of *data*, set `holding`, and the rest once `resume`
+                is set (or nothing more, once the proxy closes)."""
+                half = len(data) // 2
+                self.wfile.write(data[:half])
+                self.wfile.flush()
+                proxy.holding.set()
+                while not proxy.resume.wait(0.1):
+                    if proxy.released.is_set():
+                        self.close_connection = True
+                        self.connection.close()
+                        return
+                self.wfile.write(data[half:])
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle  # noqa: N815
 

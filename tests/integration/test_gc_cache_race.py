@@ -1,0 +1,92 @@
+"""`gc --grace 0` never takes the fetch cache's temp file of a fetch in progress.
+
+A fill writes its blob to a `.tmp-<hex>` file it holds under a lock (`registry.cache`); gc
+removes only unlocked ones older than its cutoff. Here a fetch stalls mid-blob (the faulty
+proxy sends half a GET's body, then waits), `enginectl gc --grace 0s` runs as a user runs
+it, and the fetch then completes; the temp file of a killed fill, beside it, is removed.
+(Before, gc at grace 0 removed the stalled fill's temp file and the fetch failed.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from registry.adopt import import_artifact
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.fetch import fetch
+from tests.integration.faulty_proxy import Fault, FaultyProxy
+from tests.integration.s3server import S3Server
+from tests.integration.test_registry_verbs import engine_spec, make_engine
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+
+
+def _context(tmp_path: Path, store_url: str, endpoint: str) -> Context:
+    return Context(RegistryConfig(
+        home=tmp_path / "home", store_url=store_url, s3_endpoint_url=endpoint,
+        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache"))
+
+
+def test_gc_at_grace_zero_leaves_a_stalled_fetch_s_cache_temp_file_alone(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    store_url = f"s3://{s3_bucket}/gc-cache-race"
+    source = make_engine(tmp_path / "engine")
+    direct = _context(tmp_path, store_url, s3_server.endpoint_url)
+    published = import_artifact(direct, source, engine_spec())
+    direct.close()
+    rank1 = next(f for f in published.manifest.files if f.path == "rank1.engine")
+    name = rank1.xxh3.hex[2:]  # the blob's name, in its GET's path
+    killed = tmp_path / "cache" / "xxh3-128" / "00" / ".tmp-killed"  # a fill's, long dead
+    killed.parent.mkdir(parents=True)
+    killed.write_bytes(b"half a blob")
+    os.utime(killed, (time.time() - 3600, time.time() - 3600))
+    paused: list[str] = []
+
+    def plan(_n: int, method: str, path: str, _wanted: str | None) -> Fault:
+        if method == "GET" and name in path and not paused:
+            paused.append(path)
+            return "pause"
+        return "pass"
+
+    failed: list[BaseException] = []
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        context = _context(tmp_path, store_url, proxy.endpoint_url)
+
+        def fetching() -> None:
+            try:
+                fetch(context, published.digest, tmp_path / "out")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=fetching)
+        worker.start()
+        assert proxy.holding.wait(120)
+        stalled = list((tmp_path / "cache" / "xxh3-128" / rank1.xxh3.hex[:2]).glob(".tmp-*"))
+        assert len(stalled) == 1
+        env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
+               "ENGINECTL_STORE_URL": store_url,
+               "ENGINECTL_S3_ENDPOINT_URL": s3_server.endpoint_url,
+               "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'r.db'}",
+               "ENGINECTL_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert json.loads(done.stdout)["partial_writes"] == 1  # the killed fill's only
+        assert not killed.exists()
+        assert stalled[0].exists()
+        proxy.resume.set()
+        worker.join(120)
+        context.close()
+    assert not worker.is_alive()
+    assert failed == []
+    assert (tmp_path / "out" / "rank1.engine").read_bytes() == \
+        (source / "rank1.engine").read_bytes()
+    assert list((tmp_path / "cache" / "xxh3-128").glob("*/.tmp-*")) == []
