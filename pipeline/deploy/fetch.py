@@ -1,23 +1,29 @@
-"""fetch, as `enginectl fetch` runs it: `registry.fetch.fetch` behind the one target rule.
+"""fetch, as `enginectl fetch` runs it: `registry.fetch` behind the one target rule, filled
+the way pull fills a directory.
 
     with Context() as ctx:
         fetched = fetch(ctx, "llama70b/h100/prod", "/models/llama70b", force=True)
 
 The target is checked by `pipeline.deploy.guard.check_target` before anything is read
 (`--force` replaces only a directory pull or fetch filled, or an empty one; never the store,
-the cache, a home or the working directory), and the directory fetch filled gets the marker
-that lets a later `fetch --force` replace it. An artifact that has a top-level file of the
-marker's name keeps its own file; that directory is then not replaced by `--force`.
+the cache, a home or the working directory). The artifact (`registry.fetch.choose`) is then
+placed by `registry.fetch.fetch_manifest` into `pipeline.deploy.target.staged`, as pull's
+files are: a staging directory renamed into place or, for a mount point (a Kubernetes
+volume, which cannot be renamed over), filled in place behind the marker, so a fetch killed
+half way does not block the next one. The directory gets the marker (by "fetch") that lets
+a later `fetch --force` replace it. An artifact that has a top-level file of the marker's
+name keeps its own file; that directory is then not replaced by `--force`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.deploy.guard import MARKER, check_target, protected_places, write_marker
-from registry.fetch import Fetched, Verify
-from registry.fetch import fetch as fetch_artifact
+from pipeline.deploy.guard import MARKER, check_target, protected_places
+from pipeline.deploy.target import staged
+from registry.fetch import Fetched, Verify, choose, fetch_manifest, lazy_store
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -27,12 +33,14 @@ if TYPE_CHECKING:
 def fetch(ctx: Context, ref: str, dest: Path | str, *, verify: Verify = "fast",
           force: bool = False, allow_unready: bool = False,
           progress: Progress | None = None) -> Fetched:
-    """Fetch *ref* into *dest* (`registry.fetch.fetch`), once the target rule allows it."""
+    """Fetch *ref* into *dest* once the target rule allows it (module doc)."""
     target = check_target(dest, force=force, verb="fetch", places=protected_places(ctx))
-    fetched = fetch_artifact(ctx, ref, target, verify=verify, force=force,
-                             allow_unready=allow_unready, progress=progress)
-    entries = {entry.path.split("/", 1)[0] for entry in fetched.manifest.files}
-    if MARKER not in entries:
-        write_marker(fetched.path, by="fetch", digest=str(fetched.manifest.digest),
-                     entries=entries)
-    return fetched
+    chosen = choose(ctx, ref, allow_unready=allow_unready)
+    manifest = chosen.manifest
+    entries = {entry.path.split("/", 1)[0] for entry in manifest.files}
+    with staged(target, digest=str(manifest.digest), by="fetch",
+                mark=MARKER not in entries) as tree:
+        fetched = fetch_manifest(lazy_store(ctx), manifest, tree, cache=ctx.cache,
+                                 verify=verify, progress=progress,
+                                 protect=[("enginectl's home", ctx.config.home)])
+    return replace(fetched, path=target, notes=chosen.notes)

@@ -1,12 +1,15 @@
-"""The directory a pull fills: staged, then put into place all or nothing.
+"""The directory a pull or a fetch fills: staged, then put into place all or nothing.
 
     with staged(dest, digest=digest) as tree:   # an absent path inside a staging directory
         ... fill tree, serve.json last ...
     # here dest holds tree's content and the marker; on an exception dest is as it was
 
 What may be replaced is decided before, once, by `pipeline.deploy.guard.check_target`
-(`pull` calls it; `serve` fills only its own serving directory). Every directory filled here
-holds the marker (`guard.MARKER`) naming its top-level entries.
+(`pull` and `fetch -o` call it; `serve` fills only its own serving directory). Every
+directory filled here holds the marker (`guard.MARKER`) naming its top-level entries and
+who filled it (*by*), unless the artifact brings a file of that name (*mark* False).
+Staging directories are named `.DEST.pull-…` whichever verb made them: one name, one
+clean-up.
 
 The staging directory (`.DEST.pull-HOST-PID-XXXX`) is beside DEST and renamed over it, the
 previous content set aside inside the staging directory until the new one is in place. A
@@ -40,8 +43,10 @@ from typing import Any, Final
 
 from pipeline.deploy.guard import (
     LOST_FOUND,
+    MARKER,
     SERVE_FILE,
     SERVE_SCHEMA,
+    By,
     foreign,
     read_marker,
     write_marker,
@@ -70,9 +75,11 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def staged(dest: Path, *, digest: str | None = None) -> Iterator[Path]:
-    """An absent path to fill; put at *dest* (with the marker, naming *digest*) when the
-    block ends without an exception. *dest* must be absent or a directory."""
+def staged(dest: Path, *, digest: str | None = None, by: By = "pull",
+           mark: bool = True) -> Iterator[Path]:
+    """An absent path to fill; put at *dest* (with the marker, naming *digest* and *by*;
+    without *mark*, the tree's own file of that name) when the block ends without an
+    exception. *dest* must be absent or a directory."""
     dest = dest.absolute()
     inside = dest.is_dir() and os.path.ismount(dest)
     parent = dest if inside else dest.parent
@@ -84,17 +91,18 @@ def staged(dest: Path, *, digest: str | None = None) -> Iterator[Path]:
     except OSError as exc:
         too_long = " (a name too long for this file system)" \
             if exc.errno == errno.ENAMETOOLONG else ""
-        raise UsageError(f"cannot write beside {dest}: {exc.strerror or exc}{too_long}; pull "
+        raise UsageError(f"cannot write beside {dest}: {exc.strerror or exc}{too_long}; {by} "
                          "into a directory you can write, with a shorter name") from exc
     try:
         with _holding(staging / LOCK):
             tree = staging / "tree"
             yield tree
             if inside:
-                _move_in(tree, dest, digest)
+                _move_in(tree, dest, digest, by=by, mark=mark)
             else:
-                write_marker(tree, by="pull", digest=digest,
-                             entries=[p.name for p in tree.iterdir()])
+                if mark:
+                    write_marker(tree, by=by, digest=digest,
+                                 entries=[p.name for p in tree.iterdir()])
                 _swap(tree, dest, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -184,27 +192,30 @@ def _clear_abandoned(dest: Path, parent: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _move_in(tree: Path, dest: Path, digest: str | None) -> None:
-    """Replace what enginectl put in the mount point *dest* with *tree*'s entries."""
+def _move_in(tree: Path, dest: Path, digest: str | None, *, by: By, mark: bool) -> None:
+    """Replace what enginectl put in the mount point *dest* with *tree*'s entries: the
+    marker first (naming both, with `filling`), `serve.json` out first and in last, the
+    marker last without `filling` (or, without *mark*, the tree's own file of its name)."""
     new = sorted(p.name for p in tree.iterdir())
     marker = read_marker(dest)
     if marker is not None and marker.entries is not None:
         old = set(marker.entries)
     else:  # empty, a pull from before markers, or serve's own directory
         old = set(foreign(dest, None, transient=_prefix(dest)))
-    write_marker(dest, by="pull", digest=digest, entries=old | set(new), filling=_owner())
+    write_marker(dest, by=by, digest=digest, entries=old | set(new), filling=_owner())
     with contextlib.suppress(FileNotFoundError):
         (dest / SERVE_FILE).unlink()
-    for name in sorted(old - {LOST_FOUND}):
+    for name in sorted(old - {LOST_FOUND, MARKER}):  # the marker is replaced, not removed
         path = dest / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-    for name in sorted(new, key=lambda name: name == SERVE_FILE):
+    for name in sorted(new, key=lambda name: (name == MARKER, name == SERVE_FILE)):
         (tree / name).rename(dest / name)
-    write_marker(dest, by="pull", digest=digest, entries=new)
+    if mark:
+        write_marker(dest, by=by, digest=digest, entries=new)
 
 
 def _swap(tree: Path, dest: Path, staging: Path) -> None:

@@ -345,3 +345,75 @@ def test_a_fill_of_a_volume_stopped_half_way_does_not_block_the_next_pull(
     assert json.loads(lines[1])["digest"] == user["ENGINE_B"]
     assert sorted(lines[2:]) == sorted([MARKER, SERVE_FILE, "config.json", "lost+found",
                                          "rank0.engine", "rank1.engine", "tokenizer"])
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_fetch_force_into_a_volume_replaces_what_fetch_or_pull_put_there(
+    user: dict[str, str], tmp_path: Path
+) -> None:
+    """A volume (a mount point, with its `lost+found`) cannot be renamed over: `fetch -o`
+    fills it in place, and `fetch --force` replaces an earlier fetch or pull in it."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    v = shlex.quote(str(volume))
+    fetch = f"{ENGINECTL} fetch -o {v}"
+    script = f"""
+        set -e
+        mount -t tmpfs none {v}
+        mkdir {v}/lost+found
+        {fetch} {user['ENGINE_A']} >/dev/null
+        echo "A: $(cat {v}/{MARKER} | tr -d '\\n ')"
+        {fetch} {user['ENGINE_B']} --force >/dev/null
+        echo "B: $(cat {v}/{MARKER} | tr -d '\\n ')"
+        {ENGINECTL} pull {user['ENGINE_A']} -o {v} --force --executable {SERVER} >/dev/null
+        {fetch} {user['ENGINE_B']} --force >/dev/null
+        mountpoint -q {v}
+        ls -A {v}
+    """
+    done = _in_namespace(script, user)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = done.stdout.strip().splitlines()
+    for line, digest in zip(lines[:2], (user["ENGINE_A"], user["ENGINE_B"]), strict=True):
+        marker = json.loads(line.split(": ", 1)[1])
+        assert (marker["by"], marker["digest"], "filling" in marker) == ("fetch", digest, False)
+    assert sorted(lines[2:]) == sorted([MARKER, "config.json", "lost+found", "rank0.engine",
+                                        "rank1.engine", "tokenizer"])  # no serve.json: the
+    # pull's marker named it, so the fetch after it took it away
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_fetch_killed_while_it_filled_a_volume_is_cleared_by_the_next_one(
+    user: dict[str, str], tmp_path: Path
+) -> None:
+    """As for pull: the killed fetch (stopped for certain by a blob of the store that is a
+    FIFO) leaves its staging directory in the volume; the next fetch, with the same PID in a
+    fresh PID namespace, clears it and fills the volume."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    weights = tmp_path / "engine-A" / "rank0.engine"
+    blob = tmp_path / "home" / "store" / blob_key(digest_file(weights).xxh3)
+    v, b = shlex.quote(str(volume)), shlex.quote(str(blob))
+    fetch = f"unshare --pid --fork {ENGINECTL} fetch {user['ENGINE_A']} -o {v}"
+    script = f"""
+        set -e
+        mount -t tmpfs none {v}
+        mv {b} {b}.real && mkfifo {b}
+        {fetch} & U=$!
+        i=0
+        until ls -A {v} | grep -q '^[.]volume[.]pull-'; do
+            i=$((i + 1)); [ $i -lt 1200 ] || exit 9; sleep 0.1
+        done
+        C=$(cat /proc/$U/task/$U/children)
+        kill -9 $C
+        wait $U || true
+        echo "left: $(ls -A {v} | tr '\\n' ' ')"
+        rm {b} && mv {b}.real {b}
+        {fetch} --json >/dev/null
+        ls -A {v}
+    """
+    done = _in_namespace(script, user)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("left: .volume.pull-")  # what the kill left
+    assert sorted(lines[1:]) == sorted([MARKER, "config.json", "rank0.engine", "rank1.engine",
+                                        "tokenizer"])
