@@ -3,8 +3,8 @@
 A fill writes its blob to a `.tmp-<hex>` file it holds under a lock (`registry.cache`); gc
 removes only unlocked ones older than its cutoff. Here a fetch stalls mid-blob (the faulty
 proxy sends half a GET's body, then waits), `enginectl gc --grace 0s` runs as a user runs
-it, and the fetch then completes; the temp file of a killed fill, beside it, is removed.
-(Before, gc at grace 0 removed the stalled fill's temp file and the fetch failed.)
+it, and the fetch then completes; the temp file of a killed fill is removed. (Before, gc at
+grace 0 removed the stalled fill's temp file and the fetch failed.)
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def _context(tmp_path: Path, store_url: str, endpoint: str) -> Context:
     return Context(RegistryConfig(
         home=tmp_path / "home", store_url=store_url, s3_endpoint_url=endpoint,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache"))
+
+
+def _env(tmp_path: Path, store_url: str, endpoint: str) -> dict[str, str]:
+    """What a user's shell holds for the same store, registry and cache."""
+    return {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
+            "ENGINECTL_STORE_URL": store_url, "ENGINECTL_S3_ENDPOINT_URL": endpoint,
+            "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'r.db'}",
+            "ENGINECTL_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
 
 
 def test_gc_at_grace_zero_leaves_a_stalled_fetch_s_cache_temp_file_alone(
@@ -71,12 +79,8 @@ def test_gc_at_grace_zero_leaves_a_stalled_fetch_s_cache_temp_file_alone(
         assert proxy.holding.wait(120)
         stalled = list((tmp_path / "cache" / "xxh3-128" / rank1.xxh3.hex[:2]).glob(".tmp-*"))
         assert len(stalled) == 1
-        env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
-               "ENGINECTL_STORE_URL": store_url,
-               "ENGINECTL_S3_ENDPOINT_URL": s3_server.endpoint_url,
-               "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'r.db'}",
-               "ENGINECTL_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-        done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"], env=env,
+        done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"],
+                              env=_env(tmp_path, store_url, s3_server.endpoint_url),
                               capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert json.loads(done.stdout)["partial_writes"] == 1  # the killed fill's only
@@ -90,3 +94,41 @@ def test_gc_at_grace_zero_leaves_a_stalled_fetch_s_cache_temp_file_alone(
     assert (tmp_path / "out" / "rank1.engine").read_bytes() == \
         (source / "rank1.engine").read_bytes()
     assert list((tmp_path / "cache" / "xxh3-128").glob("*/.tmp-*")) == []
+
+
+def test_gc_at_grace_zero_removes_the_cache_temp_file_of_a_killed_fetch(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """`enginectl fetch`, stalled mid-blob, is killed (SIGKILL: no cleanup runs); the locks
+    on its temp files die with it, so `gc --grace 0s` removes them all."""
+    store_url = f"s3://{s3_bucket}/gc-cache-killed"
+    direct = _context(tmp_path, store_url, s3_server.endpoint_url)
+    published = import_artifact(direct, make_engine(tmp_path / "engine"), engine_spec())
+    direct.close()
+    rank1 = next(f for f in published.manifest.files if f.path == "rank1.engine")
+    name = rank1.xxh3.hex[2:]
+
+    def plan(_n: int, method: str, path: str, _wanted: str | None) -> Fault:
+        return "pause" if method == "GET" and name in path else "pass"
+
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        env = _env(tmp_path, store_url, proxy.endpoint_url)
+        fetching = subprocess.Popen([ENGINECTL, "fetch", published.digest, "-o",
+                                     str(tmp_path / "out")], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert proxy.holding.wait(120)
+            shard = tmp_path / "cache" / "xxh3-128" / rank1.xxh3.hex[:2]
+            stalled = list(shard.glob(".tmp-*"))
+            assert len(stalled) == 1
+        finally:
+            fetching.kill()
+            fetching.wait(60)
+    left = list((tmp_path / "cache").rglob(".tmp-*"))  # its other fills in flight, too
+    assert stalled[0] in left  # nothing cleaned up after the kill
+    done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"],
+                          env=_env(tmp_path, store_url, s3_server.endpoint_url),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert json.loads(done.stdout)["partial_writes"] == len(left)
+    assert list((tmp_path / "cache").rglob(".tmp-*")) == []
