@@ -17,7 +17,9 @@ Kept, always:
 What killed writers left half-written (temp files, unfinished S3 multipart uploads, and this
 machine's fetch-cache temp entries), objects set aside under `damaged/`, and the rows of
 pending publishes that expired go too, once older than the grace period; a half-written blob
-of a publish in flight is not a killed writer's and stays, whatever the grace.
+of a publish in flight is not a killed writer's and stays, whatever the grace, and so does a
+fetch-cache temp entry its writer still holds locked (a fetch in progress, however stalled:
+`registry.cache`).
 
 gc runs in two phases, `Collector.mark` and `Collector.sweep`, under the registry's gc lock
 held exclusively (`registry.gclock`): no publish registers in between, and a publish that
