@@ -209,10 +209,13 @@ def fetch_manifest(
     force: bool = False,
     progress: Progress | None = None,
     protect: Iterable[tuple[str, Path]] = (),
+    named: Path | None = None,
 ) -> Fetched:
     """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*, and
     never one of `protected_places` (or above one). Ctrl-C (KeyboardInterrupt) stops every
-    transfer at its next chunk and raises StoppedError saying what the cache kept."""
+    transfer at its next chunk and raises StoppedError saying what the cache kept and that
+    *named* (the directory the user asked for, when *dest* is staged for it; else *dest*)
+    was left as it was."""
     dest = check_target_place(Path(dest), protected_places(store, cache, protect))
     _clear_abandoned(dest)  # first: it may put back what a killed fetch had set aside
     _check_target(dest, force)
@@ -237,8 +240,8 @@ def fetch_manifest(
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         run.progress.finish()
-        raise StoppedError(f"interrupted: {dest} was left as it was; {run.kept()}; run the "
-                           "same fetch again to resume from them") from exc
+        raise StoppedError(f"interrupted: {named or dest} was left as it was; {run.kept()}; "
+                           "run the same fetch again to resume from them") from exc
     except BaseException:
         run.stop.set()
         pool.shutdown(wait=True, cancel_futures=True)  # nothing writes into staging after
@@ -455,7 +458,8 @@ def artifact_manifest(store: Store, cache: BlobCache, found: Found, *,
         root = getattr(store, "root", None)
         if isinstance(root, Path) and not root.is_dir():
             raise StoreError(f"store {store.url} cannot be read: its folder {root} does not "
-                             "exist (a volume not mounted, or the wrong ENGINECTL_STORE_URL)",
+                             "exist (a volume not mounted, the wrong ENGINECTL_STORE_URL, or "
+                             "nothing published yet)",
                              url=store.url, operation="get_manifest", key=exc.key) from exc
         raise RecordNotFoundError(
             "artifact", found.digest,

@@ -42,5 +42,6 @@ def fetch(ctx: Context, ref: str, dest: Path | str, *, verify: Verify = "fast",
                 mark=MARKER not in entries) as tree:
         fetched = fetch_manifest(lazy_store(ctx), manifest, tree, cache=ctx.cache,
                                  verify=verify, progress=progress,
-                                 protect=[("enginectl's home", ctx.config.home)])
+                                 protect=[("enginectl's home", ctx.config.home)],
+                                 named=target)
     return replace(fetched, path=target, notes=chosen.notes)

@@ -269,7 +269,7 @@ def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runt
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
     with staged(dest, digest=selection.found.digest) as tree:
         fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
-                                 verify=verify, progress=progress)
+                                 verify=verify, progress=progress, named=dest)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                             downloaded_bytes=fetched.downloaded_bytes,
                             cached_bytes=fetched.cached_bytes)

@@ -212,7 +212,7 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
         assert not proxy.released.is_set()  # it ended while the body was still held open
     assert proc.returncode == 130, stderr
     assert without_store_note(stderr).count("\n") == 1, stderr
-    assert "interrupted" in stderr
+    assert f"interrupted: {target} was left as it was" in stderr  # not its staged tree
     assert str(tmp_path / "cache") in stderr
     assert "again to resume" in stderr
     assert not target.exists()

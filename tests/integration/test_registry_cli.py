@@ -115,7 +115,7 @@ def test_resolve_explain_gives_the_reason_for_every_rejection(env: dict[str, str
     [
         (["fetch", "deadbeef", "-o", "x"], 2, "too short"),
         (["fetch", "nosuchalias", "-o", "x"], 4, "`enginectl db upgrade` creates it"),
-        (["fetch", "sha256:" + "0" * 64, "-o", "x"], 4, "not found"),
+        (["fetch", "sha256:" + "0" * 64, "-o", "x"], 4, "/store does not exist"),
         (["import", ".", "--kind", "engine", "--model", "m"], 2, "--kind 'engine'"),
         (["resolve", "--model", "m", "--gpu", "v100"], 2, "unknown GPU 'v100'"),
         (["gc", "--grace", "a week"], 2, "--grace 'a week'"),
