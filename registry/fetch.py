@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from registry.cache import BlobCache
 from registry.damage import set_aside_damaged_blob, set_aside_damaged_manifest
@@ -47,8 +47,11 @@ if TYPE_CHECKING:
     from registry.context import Context
 
 Verify = Literal["fast", "strict"]
-PSEUDO_FILE_SYSTEMS = (Path("/proc"), Path("/sys"), Path("/dev"))
+PSEUDO_FILE_SYSTEMS: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
 """Kernel views a fetch never writes into."""
+INSIDE_REFUSED: Final = ("the store", "the fetch cache", "an older fetch cache",
+                         "enginectl's home")
+"""Places a target may not lie inside, as well as not be or be above."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,9 @@ def _check_target(dest: Path, force: bool) -> None:
 
 def protected_places(store: Store, cache: BlobCache,
                      extra: Iterable[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
-    """What a fetch target may never be, nor be a folder above: `/`, the working directory,
-    the user's home, the store (`file://`) and the cache, plus *extra* (enginectl's home)."""
+    """What a fetch (or pull) target may never be, nor be a folder above: `/`, the working
+    directory, the user's home, the store (`file://`) and the cache, plus *extra*
+    (enginectl's home)."""
     places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
               *(("an older fetch cache", root) for root in cache.legacy), *extra]
     for what, where in (("the working directory", Path.cwd), ("your home directory",
@@ -85,32 +89,42 @@ def protected_places(store: Store, cache: BlobCache,
     return places
 
 
-def check_target_place(dest: Path, places: Iterable[tuple[str, Path]]) -> Path:
-    """*dest* made absolute with `..` resolved; UsageError when it is, or is above, one of
-    *places*, lies inside the store or the cache, or lies in /proc, /sys or /dev."""
+def check_target_place(dest: Path, places: Iterable[tuple[str, Path]],
+                       verb: str = "fetch") -> Path:
+    """*dest* made absolute with `..` folded away; UsageError when it is, or is above, one of
+    *places*, lies inside one of INSIDE_REFUSED, or lies in /proc, /sys or /dev. *verb*
+    names the command in the message (fetch, pull)."""
     absolute = _lexical(dest)
-    seen = {absolute, absolute.resolve()}
+    seen = {absolute, _resolved(absolute)}
     for what, place in places:
-        for candidate in seen:
-            for known in {_lexical(place), place.resolve()}:
+        for known in {_lexical(place), _resolved(place)}:
+            for candidate in seen:
                 if candidate == known or candidate in known.parents:
                     raise UsageError(
-                        f"refusing to fetch into {dest}: it is {what} ({known}) or a folder "
-                        "above it; fetch into a directory of its own, e.g. -o ./model")
-                if what in ("the store", "the fetch cache") and known in candidate.parents:
-                    raise UsageError(f"refusing to fetch into {dest}: it is inside {what} "
-                                     f"({known}); fetch into a directory of its own")
+                        f"refusing to {verb} into {dest}: it is {what} ({known}) or a folder "
+                        f"above it; {verb} into a directory of its own, e.g. -o ./model")
+                if what in INSIDE_REFUSED and known in candidate.parents:
+                    raise UsageError(f"refusing to {verb} into {dest}: it is inside {what} "
+                                     f"({known}); {verb} into a directory of its own")
     for candidate in seen:
         for pseudo in PSEUDO_FILE_SYSTEMS:
             if candidate == pseudo or pseudo in candidate.parents:
-                raise UsageError(f"refusing to fetch into {dest}: {pseudo} is a view of the "
-                                 "kernel, not storage; fetch into a directory on a disk")
+                raise UsageError(f"refusing to {verb} into {dest}: {pseudo} is a view of the "
+                                 f"kernel, not storage; {verb} into a directory on a disk")
     return absolute
 
 
 def _lexical(path: Path) -> Path:
     """*path* absolute, with `.` and `..` parts folded away as written (no links followed)."""
     return Path(os.path.normpath(path.absolute()))
+
+
+def _resolved(path: Path) -> Path:
+    """*path* with its links followed; as written when they loop."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return _lexical(path)
 
 
 def _inside(root: Path, relative: str) -> Path:

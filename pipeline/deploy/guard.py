@@ -2,7 +2,8 @@
 
     check_target(dest, force=..., verb="pull", places=protected_places(ctx))
 
-A target is refused (UsageError, exit 2, nothing touched) when
+A target is refused (UsageError, exit 2, nothing touched) when (the first and the last
+places are `registry.fetch.check_target_place`'s, which the library's fetch applies too)
 
 - it is, or is a folder above, `/`, the working directory, your home directory ($HOME),
   enginectl's home, the store (`file://`) or the fetch cache; or lies inside enginectl's
@@ -24,7 +25,6 @@ the directory non-empty nor is ever removed.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from registry import fetch
 from registry.errors import UsageError
 from registry.manifest import FILL_MARKER
 
@@ -46,10 +47,6 @@ SERVE_SCHEMA: Final = "enginectl.serve/v1"
 LOST_FOUND: Final = "lost+found"
 NAME_MAX: Final = 255  # what Linux file systems take when pathconf will not say
 PATH_MAX: Final = 4096
-PSEUDO_FILE_SYSTEMS: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
-INSIDE_REFUSED: Final = ("the store", "the fetch cache", "an older fetch cache",
-                         "enginectl's home")
-"""Places a target may not lie inside, as well as not be or be above."""
 TEMPORARY: Final = (f".{MARKER}.tmp-", f".{SERVE_FILE}.tmp-")
 """Names of the marker and serve.json being written (atomically, through these)."""
 _STAGING_MARGIN: Final = len("..fetch--4194304-xxxxxxxx")  # + the host name (see _room)
@@ -119,21 +116,10 @@ def foreign(directory: Path, marker: Marker | None, *, transient: str = "") -> l
 
 
 def protected_places(ctx: Context) -> list[tuple[str, Path]]:
-    """What a target may never be nor be above (and, for INSIDE_REFUSED, lie inside)."""
-    from registry.fetch import LazyStore
-
-    cache = ctx.cache
-    places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
-              *(("an older fetch cache", root) for root in cache.legacy),
-              ("enginectl's home", ctx.config.home)]
-    for what, where in (("the working directory", Path.cwd), ("your home directory",
-                                                             Path.home)):
-        with contextlib.suppress(OSError, RuntimeError):  # a removed cwd, no HOME
-            places.append((what, where()))
-    root = LazyStore(ctx).root
-    if root is not None:
-        places.append(("the store", root))
-    return places
+    """What a target may never be nor be above (`registry.fetch.protected_places`), and
+    enginectl's home."""
+    return fetch.protected_places(fetch.lazy_store(ctx), ctx.cache,
+                                  [("enginectl's home", ctx.config.home)])
 
 
 def check_name_lengths(path: Path, what: str, *, room: int = 0) -> None:
@@ -169,43 +155,13 @@ def _room() -> int:
     return _STAGING_MARGIN + len(os.uname().nodename.encode())
 
 
-def check_place(dest: Path, places: Sequence[tuple[str, Path]], verb: str) -> Path:
-    """*dest* absolute with `..` folded; UsageError when it is or is above one of *places*,
-    lies inside one of INSIDE_REFUSED, or lies in /proc, /sys or /dev."""
-    absolute = Path(os.path.normpath(dest.absolute()))
-    seen = {absolute, _resolved(absolute)}
-    for what, place in places:
-        for known in {Path(os.path.normpath(place.absolute())), _resolved(place)}:
-            for candidate in seen:
-                if candidate == known or candidate in known.parents:
-                    raise UsageError(
-                        f"refusing to {verb} into {dest}: it is {what} ({known}) or a folder "
-                        f"above it; {verb} into a directory of its own, e.g. -o ./model")
-                if what in INSIDE_REFUSED and known in candidate.parents:
-                    raise UsageError(f"refusing to {verb} into {dest}: it is inside {what} "
-                                     f"({known}); {verb} into a directory of its own")
-    for candidate in seen:
-        for pseudo in PSEUDO_FILE_SYSTEMS:
-            if candidate == pseudo or pseudo in candidate.parents:
-                raise UsageError(f"refusing to {verb} into {dest}: {pseudo} is a view of the "
-                                 f"kernel, not storage; {verb} into a directory on a disk")
-    return absolute
-
-
-def _resolved(path: Path) -> Path:
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError):  # a loop of links: compared as written
-        return Path(os.path.normpath(path.absolute()))
-
-
 def check_target(dest: Path | str, *, force: bool, verb: By,
                  places: Sequence[tuple[str, Path]]) -> Path:
     """*dest* (absolute) when *verb* may fill it, replacing what is there (module doc);
     UsageError, with nothing touched, when not."""
     dest = Path(dest)
     check_name_lengths(dest, "-o", room=_room())
-    absolute = check_place(dest, places, verb)
+    absolute = fetch.check_target_place(dest, places, verb)
     try:
         return _check_content(absolute, dest, force=force, verb=verb)
     except OSError as exc:
