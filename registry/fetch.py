@@ -49,9 +49,9 @@ if TYPE_CHECKING:
 Verify = Literal["fast", "strict"]
 PSEUDO_FILE_SYSTEMS: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
 """Kernel views a fetch never writes into."""
-INSIDE_REFUSED: Final = ("the store", "the fetch cache", "an older fetch cache",
-                         "enginectl's home")
-"""Places a target may not lie inside, as well as not be or be above."""
+INSIDE_REFUSED: Final = ("the store", "the fetch cache")
+"""Places a target may not lie inside, as well as not be or be above (pull's and fetch's
+command line add older fetch caches and enginectl's home: `pipeline.deploy.guard`)."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,12 @@ def protected_places(store: Store, cache: BlobCache,
     return places
 
 
-def check_target_place(dest: Path, places: Iterable[tuple[str, Path]],
-                       verb: str = "fetch") -> Path:
+def check_target_place(dest: Path, places: Iterable[tuple[str, Path]], verb: str = "fetch",
+                       inside: Iterable[str] = INSIDE_REFUSED) -> Path:
     """*dest* made absolute with `..` folded away; UsageError when it is, or is above, one of
-    *places*, lies inside one of INSIDE_REFUSED, or lies in /proc, /sys or /dev. *verb*
-    names the command in the message (fetch, pull)."""
+    *places*, lies inside one of those named in *inside*, or lies in /proc, /sys or /dev.
+    *verb* names the command in the message (fetch, pull)."""
+    inside = frozenset(inside)
     absolute = _lexical(dest)
     seen = {absolute, _resolved(absolute)}
     for what, place in places:
@@ -103,7 +104,7 @@ def check_target_place(dest: Path, places: Iterable[tuple[str, Path]],
                     raise UsageError(
                         f"refusing to {verb} into {dest}: it is {what} ({known}) or a folder "
                         f"above it; {verb} into a directory of its own, e.g. -o ./model")
-                if what in INSIDE_REFUSED and known in candidate.parents:
+                if what in inside and known in candidate.parents:
                     raise UsageError(f"refusing to {verb} into {dest}: it is inside {what} "
                                      f"({known}); {verb} into a directory of its own")
     for candidate in seen:
@@ -173,7 +174,7 @@ class _Run:
             self.cache.fill(digest, lambda temp: self.store.get_blob(
                 digest, temp, size=entry.size, progress=self.progress.advance, stop=self.stop))
         except IntegrityError as exc:
-            aside = set_aside_damaged_blob(self.store, digest, entry.size, exc)
+            aside = set_aside_damaged_blob(self.store, digest, exc)
             if aside:
                 hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish "
                         "the same content again (`enginectl import`, or rebuild) to restore it")

@@ -49,6 +49,8 @@ NAME_MAX: Final = 255  # what Linux file systems take when pathconf will not say
 PATH_MAX: Final = 4096
 TEMPORARY: Final = (f".{MARKER}.tmp-", f".{SERVE_FILE}.tmp-")
 """Names of the marker and serve.json being written (atomically, through these)."""
+INSIDE_REFUSED: Final = (*fetch.INSIDE_REFUSED, "an older fetch cache", "enginectl's home")
+"""What a target may not lie inside: the library's places, older caches and enginectl's home."""
 _STAGING_MARGIN: Final = len("..fetch--4194304-xxxxxxxx")  # + the host name (see _room)
 
 By = Literal["pull", "fetch"]
@@ -161,7 +163,7 @@ def check_target(dest: Path | str, *, force: bool, verb: By,
     UsageError, with nothing touched, when not."""
     dest = Path(dest)
     check_name_lengths(dest, "-o", room=_room())
-    absolute = fetch.check_target_place(dest, places, verb)
+    absolute = fetch.check_target_place(dest, places, verb, INSIDE_REFUSED)
     try:
         return _check_content(absolute, dest, force=force, verb=verb)
     except OSError as exc:
