@@ -73,11 +73,9 @@ def blob_is_damaged(store: Store, digest: Digest, first: IntegrityError | None =
     return False  # not reached: the second read always decides
 
 
-def set_aside_damaged_blob(store: Store, digest: Digest, size: int | None,
+def set_aside_damaged_blob(store: Store, digest: Digest,
                            first: IntegrityError | None) -> str | None:
-    """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None.
-    (*size* is not used: no read assumes it. It stays until fetch stops passing it.)"""
-    del size
+    """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None."""
     if not blob_is_damaged(store, digest, first):
         return None
     return set_aside(store, blob_key(digest))
