@@ -17,7 +17,9 @@ So the guard, single-threaded and stdlib-only, asks Linux for SIGUSR1 when its p
 (`prctl(PR_SET_PDEATHSIG)`), forks the program in its own process group (the one the runner
 made for the guard), waits, and passes the program's exit status through unchanged: the
 same code, or death by the same signal. When the parent dies first, it SIGKILLs the whole
-group — the program, its workers and itself.
+group — the program, its workers and itself. The program in turn asks for SIGKILL when the
+guard dies, so a guard killed on its own (a Ray worker's raylet SIGKILLs the dead worker's
+direct children) does not leave the program running.
 
 It never imports enginectl (it runs with `-I -S` for a quick start) and never raises: a
 program it cannot start is reported on stderr (the run's log) with exit status 127, as the
@@ -73,9 +75,15 @@ def main(argv: list[str]) -> None:
               file=sys.stderr, flush=True)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(CANNOT_START)
+    guard = os.getpid()
     child = os.fork()
     if child == 0:
         signal.signal(PARENT_DIED, signal.SIG_DFL)
+        # A guard killed on its own (Ray SIGKILLs a dead worker's direct children) takes the
+        # program with it: it cannot run its handler then, so the kernel does it.
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != guard:  # the guard died before the request took effect
+            os._exit(CANNOT_START)
         try:
             os.execvp(program[0], program)  # noqa: S606 - argv, as the runner's
         except OSError as exc:

@@ -134,6 +134,23 @@ def test_a_server_started_by_a_process_killed_by_sigkill_dies_with_it(tmp_path: 
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_program_dies_with_its_guard_killed_on_its_own(tmp_path: Path) -> None:
+    """Ray SIGKILLs a dead worker's direct children, which is the guard alone: the program
+    under it must not outlive it (it left a hung trtllm-build running after a node loss)."""
+    pids = tmp_path / "pids"
+    os.mkfifo(pids)
+    with start_process(["sh", "-c", f"echo $$ > {pids}; exec sleep 600"],
+                       log_path=tmp_path / "server.log") as server:
+        program = int(read_fifo(pids))
+        assert program != server.pid  # under the guard
+        os.kill(server.pid, signal.SIGKILL)
+        try:
+            assert wait_gone(program), "the program outlived its guard"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(program, signal.SIGKILL)
+
+
 def test_signals_sent_to_the_group_reach_the_program_not_the_guard(tmp_path: Path) -> None:
     """serve passes SIGUSR1, SIGUSR2, SIGQUIT ... on to its server's group: the program gets
     them; the guard (which hears of its parent's death by SIGUSR1) neither dies nor kills."""
