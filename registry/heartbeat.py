@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 NO_ANSWER: Final = "the registry did not answer in time"
+STOP_WAIT_S: Final = 10.0
+"""How long `stop` waits for a renewal in flight (one that outlived its own time limit)."""
 FIRST_RETRY_S: Final = 0.1
 """The first backoff after a failed renewal; it doubles up to a tenth of the TTL."""
 
@@ -68,6 +70,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{key[:15]}",
                                         daemon=True)
         self._held_until = 0.0
+        self._renewing: threading.Thread | None = None
 
     def start(self) -> Heartbeat:
         self._held_until = (self.taken_at or time.monotonic()) + self.ttl_s
@@ -75,10 +78,15 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
-        """Stop renewing (the work ended; the caller releases the lease)."""
+        """Stop renewing (the work ended; the caller releases the lease). A renewal still in
+        flight is given STOP_WAIT_S to give its connection back, so that the caller may
+        close the registry after this."""
         self._done.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+        renewing = self._renewing
+        if renewing is not None and renewing is not threading.current_thread():
+            renewing.join(STOP_WAIT_S)
 
     def __enter__(self) -> Heartbeat:
         return self.start()
@@ -128,6 +136,7 @@ class Heartbeat:
                 answer.append(" ".join(f"{type(exc).__name__}: {exc}".split())[:300])
 
         attempt = threading.Thread(target=renew, name="heartbeat-renew", daemon=True)
+        self._renewing = attempt
         attempt.start()
         attempt.join(max(0.0, timeout_s))
         return answer[0] if answer else NO_ANSWER
