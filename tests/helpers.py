@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -121,3 +122,17 @@ def children_get_default_signals() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def builder_env(tmp_path: Path, registry_url: str) -> dict[str, str]:
+    """The environment of a builder on TensorRT-LLM's stand-ins (tests/fakes) with its own
+    home under *tmp_path* and the registry at *registry_url*."""
+    return {
+        **os.environ,
+        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "ENGINECTL_HOME": str(tmp_path / "home"),
+        "ENGINECTL_REGISTRY_URL": registry_url,
+        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
+        "ENGINECTL_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+    }

@@ -21,7 +21,7 @@ import yaml
 
 from registry.db import open_registry
 from registry.records import get_stage_run, list_artifacts
-from tests.helpers import fake_gpu, only_nvidia_smi, with_default_signals
+from tests.helpers import builder_env, fake_gpu, only_nvidia_smi, with_default_signals
 from tests.integration.s3server import S3Server
 from tests.integration.test_runner import wait_gone
 
@@ -60,15 +60,7 @@ def write_recipe(directory: Path, **matrix: object) -> Path:
 
 @pytest.fixture
 def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "ENGINECTL_HOME": str(tmp_path / "home"),
-        "ENGINECTL_REGISTRY_URL": registry_url,
-        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
-        "ENGINECTL_PYTHON": sys.executable,
-        "HF_HUB_OFFLINE": "1",
-    }
+    return builder_env(tmp_path, registry_url)
 
 
 def build(env: dict[str, str], recipe: Path, *args: str,

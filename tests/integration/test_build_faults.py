@@ -9,9 +9,7 @@ published for it, while the stages before it are kept.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,13 @@ import yaml
 
 from registry.db import open_registry
 from registry.records import list_artifacts
-from tests.integration.test_build import FAKES, build, make_model
+from tests.helpers import builder_env
+from tests.integration.test_build import build, make_model
 
 
 @pytest.fixture
 def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "ENGINECTL_HOME": str(tmp_path / "home"),
-        "ENGINECTL_REGISTRY_URL": registry_url,
-        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
-        "ENGINECTL_PYTHON": sys.executable,
-        "HF_HUB_OFFLINE": "1",
-    }
+    return builder_env(tmp_path, registry_url)
 
 
 def engine_recipe(directory: Path) -> Path:

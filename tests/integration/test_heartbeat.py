@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -43,10 +42,10 @@ from registry.leases import NIGHTLY_KEY, try_acquire_nightly
 from registry.models import PendingPublish
 from registry.pending import Pending, drop_pending
 from registry.publish import Publication
+from tests.helpers import builder_env
 from tests.integration.db_fixtures import POSTGRES_URL
 from tests.integration.test_build import (
     ENGINECTL,
-    FAKES,
     SMALL_ENGINE,
     build,
     counts,
@@ -59,18 +58,6 @@ from tests.integration.test_registry_verbs import make_engine
 from tests.integration.test_runner import wait_gone
 
 GUARD_S = 300  # against a hung builder, not a timing assertion
-
-
-def builder_env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PATH": f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "ENGINECTL_HOME": str(tmp_path / "home"),
-        "ENGINECTL_REGISTRY_URL": registry_url,
-        "ENGINECTL_TRTLLM_EXAMPLES": str(FAKES / "examples"),
-        "ENGINECTL_PYTHON": sys.executable,
-        "HF_HUB_OFFLINE": "1",
-    }
 
 
 def engine_key(env: dict[str, str], recipe: Path) -> str:
