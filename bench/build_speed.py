@@ -96,13 +96,13 @@ def overhead(tmp: Path) -> None:
 
 
 def cached_build(tmp: Path) -> None:
-    from pipeline.plan import plan_recipe
-    from pipeline.recipe import load_recipe
+    from pipeline.planning.plan import plan_recipe
+    from pipeline.planning.toolchain import for_build, probe
+    from pipeline.recipe.reader import load_recipe
     from pipeline.settings import Settings
-    from pipeline.toolchain import for_build, probe
     from registry.config import RegistryConfig
     from registry.context import Context
-    from registry.records import ArtifactRecord, add_artifact_if_absent
+    from registry.sql.records import ArtifactRecord, add_artifact_if_absent
 
     env = {**os.environ, "ENGINECTL_HOME": str(tmp / "home70b")}
     os.environ.update(env)

@@ -102,7 +102,7 @@ def main() -> None:
                         load = loadavg()
                         samples[name].append((cases[name](dest), load))
                         # kept: deleting a fetched copy changes its cache entries' ctime,
-                        # and the next fetch would re-hash them (registry/cache.py)
+                        # and the next fetch would re-hash them (registry/store/cache.py)
                     log(f"round {i + 1}/{args.rounds} (load {loadavg()})")
 
             rounds(list(cases))

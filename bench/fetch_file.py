@@ -9,7 +9,7 @@ dirty pages are not the next run's cost):
        into the cache (copy_file_range: a kernel copy, a reflink where the file system has
        them) and its xxh3-128 checked on the copy through mmap, then hard-linked into DIR
        (whole process)
-  (a') the same through `registry.fetch.fetch` in this process (no start-up cost)
+  (a') the same through `registry.ops.fetch.fetch` in this process (no start-up cost)
   (b)  `cp -r STORE/blobs DIR` (the same 8 files, into a fresh dir; no verification)
   (e)  a second `enginectl fetch` into a new dir: every blob is in the cache (re-hash + link)
 
@@ -79,8 +79,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
 
         from registry.config import RegistryConfig
         from registry.context import Context
-        from registry.fetch import fetch
-        from registry.publish import publish
+        from registry.ops.fetch import fetch
+        from registry.ops.publish import publish
 
         log(f"writing {args.files} × {args.file_mib} MiB …")
         source = make_artifact(tmp / "src", files=args.files, size=args.file_mib * MiB)

@@ -2,14 +2,14 @@
 
 Starts s3rver (npm, installed under ~/.cache/enginectl-bench on first use; moto when s3rver
 cannot be had, which the output says) on 127.0.0.1, creates a bucket, and publishes an
-artifact of 8 files × 256 MiB of random bytes with `registry.publish.publish` (SQLite
+artifact of 8 files × 256 MiB of random bytes with `registry.ops.publish.publish` (SQLite
 registry in a temp dir). Then, in interleaved rounds (median of ROUNDS), wall clock:
 
   (a)  `enginectl fetch DIGEST -o DIR`, fetch cache emptied first (downloads + xxh3
        verification while streaming), as a user runs it (whole process)
-  (a') the same through `registry.fetch.fetch` in this process (no start-up cost)
+  (a') the same through `registry.ops.fetch.fetch` in this process (no start-up cost)
   (a0) (a) with ENGINECTL_S3_SPLICE=0: the bodies through obstore, not spliced by the
-       kernel (`registry.s3splice`), to see what that path is worth in the same run
+       kernel (`registry.store.s3splice`), to see what that path is worth in the same run
   (b)  `aws s3 cp --recursive` of the 8 blob objects (awscli v1)
   (c)  boto3 `download_file` with default TransferConfig, the 8 objects one after another
   (c') the same, 8 threads (one object each)
@@ -102,8 +102,8 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
 
         from registry.config import RegistryConfig
         from registry.context import Context
-        from registry.fetch import fetch
-        from registry.publish import publish
+        from registry.ops.fetch import fetch
+        from registry.ops.publish import publish
 
         log(f"writing {args.files} × {args.file_mib} MiB …")
         source = make_artifact(tmp / "src", files=args.files, size=args.file_mib * MiB)

@@ -13,7 +13,7 @@ drawn uniformly from [0, typical duration) (measured first, on a scratch home: a
 new content, or in SAME after its first trial, a no-op re-import), and then asserts:
 
 1. `enginectl fsck` exits 0 (every registered artifact's manifest and blobs, re-hashed);
-2. every `ready` artifact fetches (`registry.fetch.fetch`, verified, into a temp dir);
+2. every `ready` artifact fetches (`registry.ops.fetch.fetch`, verified, into a temp dir);
 3. a retry `enginectl import` of the same DIR exits 0, and `enginectl fsck` is clean again.
 
 Where the kill landed is read from what it left: nothing new, temp files only, some or all
@@ -111,7 +111,7 @@ class Home:
     def state(self) -> State:
         from sqlalchemy import func, select
 
-        from registry.models import Artifact
+        from registry.sql.models import Artifact
 
         store = self.ctx.store
         blobs = sum(1 for _ in store.iter_blobs())
@@ -135,14 +135,14 @@ class Home:
         return len(listing.get("Uploads", []))
 
     def ready_digests(self) -> list[str]:
-        from registry import records
+        from registry.sql import records
 
         with self.ctx.registry.session(readonly=True) as session:
             return [r.digest for r in records.list_artifacts(session, status="ready")]
 
     def fetch_all(self, scratch_dir: Path) -> list[str]:
         from registry.errors import EnginectlError
-        from registry.fetch import fetch
+        from registry.ops.fetch import fetch
 
         problems = []
         for digest in self.ready_digests():
@@ -280,7 +280,7 @@ def typical_duration(kind: str, tmp: Path, rng: random.Random) -> tuple[float, f
 
 def tree_digests(root: Path) -> dict[str, str] | None:
     """Relative path -> xxh3-128 of every file under *root* (None when it does not exist)."""
-    from registry.digest import digest_file
+    from registry.identity.digest import digest_file
 
     if not root.exists():
         return None
@@ -289,14 +289,14 @@ def tree_digests(root: Path) -> dict[str, str] | None:
 
 
 def manifest_digests(home: Home, digest: str) -> dict[str, str]:
-    from registry.fetch import load_manifest
+    from registry.ops.fetch import load_manifest
 
     return {f.path: str(f.xxh3) for f in load_manifest(home.ctx, digest).files}
 
 
 def bad_cache_entries(cache: Path) -> list[str]:
     """Finished cache entries (not `.tmp-*` fills, not stamps) whose bytes are not their name."""
-    from registry.digest import digest_file
+    from registry.identity.digest import digest_file
 
     bad = []
     for path in sorted((cache / "xxh3-128").glob("*/*")):

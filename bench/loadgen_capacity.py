@@ -1,4 +1,4 @@
-"""Is the load generator (pipeline.loadgen.run_level) ever the bottleneck of a smoke load?
+"""Is the load generator (pipeline.serving.loadgen.run_level) ever the bottleneck of a smoke load?
 
 Target: run_level sustains ≥ 10× the request rate the tiny CPU server serves, measured
 against a trivial local HTTP endpoint, at concurrency 1, 4 and 16.
@@ -43,8 +43,8 @@ from smoke_overhead import (
     vllm_template,
 )
 
-from pipeline.loadgen import Client, LoadLevel, run_level
-from pipeline.smoke import Server, free_port, render_argv, wait_ready
+from pipeline.serving.loadgen import Client, LoadLevel, run_level
+from pipeline.serving.smoke import Server, free_port, render_argv, wait_ready
 
 LEVELS = (1, 4, 16)
 MAX_TOKENS = 8
@@ -117,7 +117,8 @@ def minimal_server() -> Iterator[tuple[Client, int]]:
 @contextmanager
 def smoke_server(template: list[str], model_dir: Path, workdir: Path,
                  env: dict[str, str] | None, name: str) -> Iterator[tuple[Client, int]]:
-    """A server started and awaited exactly as smoke() does (pipeline.smoke), always stopped."""
+    """A server started and awaited exactly as smoke() does (pipeline.serving.smoke), always
+    stopped."""
     port = free_port()
     argv = render_argv(template, model_dir=model_dir, port=port)
     client = Client("127.0.0.1", port, timeout_s=120)

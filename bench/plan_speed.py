@@ -42,7 +42,7 @@ def two_hundred_targets(directory: Path) -> Path:
 def at_the_caps(directory: Path) -> Path:
     """The heaviest recipe `plan` accepts: near MAX_TARGETS targets before exclude, 64
     exclude entries, 64 long prompts, and comments up to MAX_RECIPE_BYTES."""
-    from pipeline.recipe import MAX_FILTERS, MAX_RECIPE_BYTES, MAX_SMOKE_ITEMS
+    from pipeline.recipe.fields import MAX_FILTERS, MAX_RECIPE_BYTES, MAX_SMOKE_ITEMS
 
     data = yaml.safe_load((ROOT / "recipes" / "llama70b-h100.yaml").read_text())
     data["matrix"].update(gpu=["h100", "h200", "h100-nvl", "gh200", "b200"], tp=[8, 4],

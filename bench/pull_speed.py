@@ -60,12 +60,13 @@ def tree_bytes(root: Path) -> int:
 def publish_pair(env: dict[str, str], source: Path, entry_dir: Path) -> tuple[str, str, int]:
     """The checkpoint and its entry, published with the library in this process."""
     os.environ.update(env)
-    from pipeline.recipe import Shape, VllmServe
+    from pipeline.recipe.matrix import Shape
+    from pipeline.recipe.schema import VllmServe
     from pipeline.stages.serve import vllm_argv
-    from registry import records
     from registry.config import RegistryConfig
     from registry.context import Context
-    from registry.publish import publish
+    from registry.ops.publish import publish
+    from registry.sql import smoke_records
 
     with Context(RegistryConfig.from_env()) as ctx:
         checkpoint = publish(ctx, source, kind="hf-checkpoint", labels={"model": "bench"})
@@ -73,7 +74,7 @@ def publish_pair(env: dict[str, str], source: Path, entry_dir: Path) -> tuple[st
         argv = vllm_argv("/builder/venv/bin/python", model_dir=Path("{model_dir}"),
                          served_name="bench", dtype="bfloat16", quant="bf16",
                          kv_cache_dtype="auto", prequantized=False, tp=1, pp=1, shape=shape,
-                         settings=VllmServe())
+                         settings=VllmServe(), cpu=True)
         serve = {"argv": argv, "model_dir": "input"}
         entry_dir.mkdir(exist_ok=True)
         (entry_dir / "enginectl-entry.json").write_text(json.dumps({"serve": serve}))
@@ -82,8 +83,8 @@ def publish_pair(env: dict[str, str], source: Path, entry_dir: Path) -> tuple[st
                                 **shape.model_dump(exclude={"name"})},
                         inputs=(checkpoint.digest,), serve=serve)
         with ctx.registry.session() as session:
-            records.add_smoke_report(session, entry.digest, True,
-                                     {"best_output_tokens_per_s": 100.0}, gpu="CPU")
+            smoke_records.add_smoke_report(session, entry.digest, True,
+                                           {"best_output_tokens_per_s": 100.0}, gpu="CPU")
     return checkpoint.digest, entry.digest, checkpoint.manifest.size
 
 

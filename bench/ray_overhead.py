@@ -115,10 +115,11 @@ class Timed:
 
 def overhead(tmp: Path) -> dict[str, float]:
     from pipeline.executors import ray as ray_executor
+    from pipeline.executors import ray_cluster
     from pipeline.executors.dag import walk
     from pipeline.executors.local import LocalExecutor, owner_id
-    from pipeline.plan import plan_recipe, selected_keys
-    from pipeline.recipe import load_recipe
+    from pipeline.planning.plan import plan_recipe, selected_keys
+    from pipeline.recipe.reader import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
     from registry.context import Context
@@ -139,12 +140,12 @@ def overhead(tmp: Path) -> dict[str, float]:
                 began = time.monotonic()
                 walk(plan, ctx, keys, timed, hits={})
         else:
-            ray_executor.connect("auto", ctx.config)
+            ray_cluster.connect("auto", ctx.config)
             with ray_executor.backend(plan, ctx, owner=owner_id()) as remote:
                 timed = Timed(remote, 3)
                 began = time.monotonic()
                 walk(plan, ctx, keys, timed, hits={})
-            ray_executor.disconnect()
+            ray_cluster.disconnect()
         wall = time.monotonic() - began
         ctx.close()
         lat = timed.latency
@@ -161,11 +162,12 @@ def overhead(tmp: Path) -> dict[str, float]:
 
 def submit_200(tmp: Path) -> None:
     from pipeline.executors import ray as ray_executor
+    from pipeline.executors import ray_cluster
     from pipeline.executors.local import owner_id
     from pipeline.executors.pools import fleet_of, missing, nodes_from_ray
-    from pipeline.fleet import pool_toolchains
-    from pipeline.plan import plan_recipe
-    from pipeline.recipe import load_recipe
+    from pipeline.executors.ray_build import pool_toolchains
+    from pipeline.planning.plan import plan_recipe
+    from pipeline.recipe.reader import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
     from registry.context import Context
@@ -173,11 +175,11 @@ def submit_200(tmp: Path) -> None:
     path = recipe(tmp, gpu=["h100", "l40s"], tp=[1, 2], shape=shapes(50))
     os.environ["ENGINECTL_HOME"] = str(tmp / "driver-200")
     ctx = Context(RegistryConfig.from_env())
-    ray_executor.connect("auto", ctx.config)
+    ray_cluster.connect("auto", ctx.config)
     began = time.monotonic()
     loaded = load_recipe(path)
     settings = Settings.from_env()
-    fleet = fleet_of(nodes_from_ray(ray_executor.live_nodes()))
+    fleet = fleet_of(nodes_from_ray(ray_cluster.live_nodes()))
     draft = plan_recipe(loaded, settings)
     assert not missing(draft, fleet)
     preflighted = time.monotonic()
@@ -191,7 +193,7 @@ def submit_200(tmp: Path) -> None:
             remote.submit(run, dict.fromkeys(run.inputs, "sha256:" + "0" * 64))
         submitted = time.monotonic()
         remote.stop()
-    ray_executor.disconnect()
+    ray_cluster.disconnect()
     ctx.close()
     print(f"200 targets ({len(plan.stages)} stage runs): preflight "
           f"{preflighted - began:.2f} s, probe of {sum(len(p) for p in probes.values())} "

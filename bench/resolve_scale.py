@@ -1,7 +1,7 @@
-"""How long `registry.resolve.resolve` takes on a registry of 100,000 artifacts.
+"""How long `registry.ops.resolve.resolve` takes on a registry of 100,000 artifacts.
 
 Seeds, with SQLAlchemy Core bulk inserts (lists of dicts) into the tables of
-`registry.models`, after `registry.db.open_registry` has migrated an empty database:
+`registry.sql.models`, after `registry.sql.db.open_registry` has migrated an empty database:
 
 - 100,000 `artifacts` rows: 200 models × the catalog's GPUs × every artifact kind ×
   every status (70 % `ready`; engines 60 %, intermediates 20 %, TRT-LLM checkpoints and vLLM
@@ -9,7 +9,7 @@ Seeds, with SQLAlchemy Core bulk inserts (lists of dicts) into the tables of
 - `smoke_reports` for ~30 % of the ready servable artifacts (1–3 each, each measured on a
   GPU: an engine's own SKU, else one of the catalog's GPUs or the CPU), each artifact's
   `best_tokens_per_s` set to its best passing report, and `artifact_evidence` to the best
-  passing report per (artifact, GPU), as `records.add_smoke_report` keeps them (resolve
+  passing report per (artifact, GPU), as `smoke_records.add_smoke_report` keeps them (resolve
   joins the evidence row of the node's SKU);
 
 on SQLite (a file in a temp dir) and on PostgreSQL (a fresh schema, dropped afterwards, at
@@ -45,10 +45,10 @@ from _support import loadavg, log, machine, median, percentile, scratch
 
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.db import open_registry
 from registry.gpus import CATALOG
-from registry.models import Artifact, ArtifactEvidence, SmokeReport
-from registry.resolve import Request, resolve
+from registry.ops.resolve import Request, resolve
+from registry.sql.db import open_registry
+from registry.sql.models import Artifact, ArtifactEvidence, SmokeReport
 
 POSTGRES_URL = os.environ.get(
     "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -191,10 +191,10 @@ def report(label: str, values: list[float]) -> tuple[str, float]:
 
 
 def explain(ctx: Context, model: str) -> None:
-    """The plan of the query resolve sends (registry.resolve's own statement)."""
+    """The plan of the query resolve sends (registry.ops.resolve's own statement)."""
     from sqlalchemy import text
 
-    from registry.resolve import _candidates_query
+    from registry.ops.resolve import _candidates_query
 
     registry = ctx.registry
     gpu = GPUS[0].sku

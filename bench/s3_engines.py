@@ -7,7 +7,8 @@ all objects into files and checking their xxh3-128:
 
   ours-splice    enginectl's S3Store download path as shipped over http: one pool of ranged
                  GETs of `download_part_size` (32 MiB), each body spliced by the kernel from
-                 the socket to its file offset (`registry.s3splice`), hashed in order from mmap
+                 the socket to its file offset (`registry.store.s3splice`), hashed in order
+                 from mmap
   ours-obstore   the same with ENGINECTL_S3_SPLICE=0: obstore streams the bodies in 1 MiB
                  chunks that Python writes (what https always takes)
   ours-boto3     the same path with boto3 moving the bytes (what enginectl did before)
@@ -74,7 +75,7 @@ class Boto3Reader:
 
     def read_into(self, key: str, what: str, fd: int, byte_range: tuple[int, int], *,
                   stop: Any = None, landed: Callable[[int], None] | None = None) -> int:
-        from registry.ranges import pwrite_all
+        from registry.store.ranges import pwrite_all
 
         def write(offset: int, chunk: bytes) -> None:
             pwrite_all(fd, chunk, offset)
@@ -85,8 +86,8 @@ class Boto3Reader:
 
 
 def ours(job: dict[str, Any], out: Path, *, boto3_bytes: bool) -> None:
-    from registry.digest import Digest
-    from registry.s3store import S3Store
+    from registry.identity.digest import Digest
+    from registry.store.s3store import S3Store
 
     store = S3Store(job["bucket"], endpoint_url=job["endpoint"])
     if boto3_bytes:

@@ -9,7 +9,7 @@ when `scripts/install-vllm --check` fails).
 (a) vLLM's CPU build serving the tiny Llama (scripts/make_tiny_model.py, made once under
 `$ENGINECTL_BENCH_CACHE`) with the argv a vLLM manifest stores, and (b) the stdlib stand-in
 tests/fakes/openai_server.py, whose model answers at once. The harness is instrumented from
-the outside (pipeline.smoke's `Client`, `run_checks` and `Server.start/stop` are wrapped; no
+the outside (pipeline.serving.smoke's `Client`, `run_checks` and `Server.start/stop` are wrapped; no
 product code changes):
 
     wall        smoke() call, start to return
@@ -43,10 +43,11 @@ from typing import Any
 
 from _support import CACHE, exit_on_signals, loadavg, log, machine
 
-from pipeline import smoke as smoke_module
-from pipeline.loadgen import Client, Response, Streamed
-from pipeline.recipe import Shape, SmokeSettings, VllmServe
-from pipeline.smoke import Server, smoke
+from pipeline.recipe.matrix import Shape
+from pipeline.recipe.schema import SmokeSettings, VllmServe
+from pipeline.serving import smoke as smoke_module
+from pipeline.serving.loadgen import Client, Response, Streamed
+from pipeline.serving.smoke import Server, smoke
 from pipeline.stages.serve import vllm_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +88,7 @@ def vllm_template(python: Path) -> list[str]:
     return vllm_argv(
         str(python), model_dir=Path("{model_dir}"), served_name=SERVED_NAME, dtype="bfloat16",
         quant="bf16", kv_cache_dtype="auto", prequantized=False, tp=1, pp=1, shape=SHAPE,
-        settings=VllmServe(enforce_eager=True),
+        settings=VllmServe(enforce_eager=True), cpu=True,
     )
 
 

@@ -4,9 +4,9 @@ Measures, on a 2 GiB file of random bytes already in the page cache, one thread,
 best) of RUNS rounds; the cases are interleaved round by round so that noise from other work
 on the machine spreads over all of them:
 
-- `registry.digest.digest_file(path, with_sha256=False, mapped=True)`: what fetch pays per
+- `registry.identity.digest.digest_file(path, with_sha256=False, mapped=True)`: what fetch pays per
   byte to verify (S3 parts, `file://` copies and cache entries are hashed through mmap by
-  `registry.digest.update_mapped`);
+  `registry.identity.digest.update_mapped`);
 - `digest_file(path, with_sha256=False)`: the read loop (`handle.read(CHUNK)`, CHUNK = 1 MiB)
   that publish uses on a user's source files, which could be truncated while mapped;
 - raw `xxhash.xxh3_128` over the same file with `read(1 MiB)`, `read(16 MiB)`, and
@@ -33,7 +33,7 @@ from pathlib import Path
 import xxhash
 from _support import GiB, MiB, log, machine, median, read_all, scratch, timed, write_random
 
-from registry.digest import CHUNK, digest_file
+from registry.identity.digest import CHUNK, digest_file
 
 SIZE = 2 * GiB
 RUNS = 5

@@ -1,10 +1,10 @@
 """Alembic environment for the enginectl registry.
 
-Run programmatically by `registry.db` (which hands its own connection in through
+Run programmatically by `registry.sql.schema` (which hands its own connection in through
 `config.attributes["connection"]`, inside a transaction it holds and commits), or by the
 `alembic` CLI from the repository root for development (`alembic revision --autogenerate`),
 which uses `sqlalchemy.url` from alembic.ini when set, else ENGINECTL_REGISTRY_URL / the
-default SQLite file. Upgrade real SQLite registries through `registry.db.upgrade` instead:
+default SQLite file. Upgrade real SQLite registries through `registry.sql.schema.upgrade` instead:
 it switches foreign keys off around batch table rebuilds, which the plain CLI path does not.
 """
 
@@ -17,8 +17,8 @@ from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import Connection
 
 from registry.config import RegistryConfig
-from registry.db import make_engine
-from registry.models import Base, UTCDateTime
+from registry.sql.engine import make_engine
+from registry.sql.models import Base, UTCDateTime
 
 config = context.config
 target_metadata = Base.metadata
@@ -30,7 +30,7 @@ def _url() -> str:
 
 def _render_item(kind: str, item: Any, _context: AutogenContext) -> str | Literal[False]:
     """Autogenerate writes our UTC type as the plain type it is in the database, so that
-    revisions never import `registry.models`."""
+    revisions never import `registry.sql.models`."""
     if kind == "type" and isinstance(item, UTCDateTime):
         return "sa.DateTime(timezone=True)"
     return False

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pipeline.runtimes import program, vllm_in
+from pipeline.host.runtimes import CONFIGURED, program, vllm_in, vllm_pythons
 from pipeline.settings import Settings
 from registry.config import RegistryConfig, check_directory
 
@@ -77,7 +77,7 @@ def _source(env: Mapping[str, str], name: str, default: str | None = None) -> st
 
 def locations(env: Mapping[str, str]) -> list[Location]:
     """Home, store, registry, cache and work directory, each with where it came from."""
-    from registry.lookup import shown
+    from registry.sql.lookup import shown
 
     config = RegistryConfig.from_env(env)
     settings = Settings.from_env(env)
@@ -115,8 +115,8 @@ def _within(timeout_s: float, question: Callable[[], Reach]) -> Reach:
 
 
 def _store_reach(config: RegistryConfig) -> Reach:
-    from registry.digest import Digest
-    from registry.store import open_store
+    from registry.identity.digest import Digest
+    from registry.store.opener import open_store
 
     store = open_store(config.store_url, s3_endpoint_url=config.s3_endpoint_url)
     store.has_manifest(Digest.parse("sha256:" + "0" * 64))  # one cheap request
@@ -124,7 +124,7 @@ def _store_reach(config: RegistryConfig) -> Reach:
 
 
 def _registry_reach(url: str, schema: dict[str, str | None]) -> Reach:
-    from registry.db import HEAD, current, schema_state
+    from registry.sql.schema import HEAD, current, schema_state
 
     revision = current(url)
     schema.update(revision=revision, head=HEAD, state=schema_state(revision))
@@ -136,10 +136,10 @@ def _registry_reach(url: str, schema: dict[str, str | None]) -> Reach:
 
 def runtimes(settings: Settings, env: Mapping[str, str]) -> list[Runtime]:
     """vLLM's Python and its vllm, trtllm-serve, trtllm-build and nvidia-smi."""
-    from pipeline.toolchain import probe
+    from pipeline.planning.toolchain import probe
 
     vllm = vllm_in(settings.vllm_python)
-    source = ("ENGINECTL_VLLM_PYTHON" if env.get("ENGINECTL_VLLM_PYTHON")
+    source = (CONFIGURED if vllm_pythons(env)[0].found_by == CONFIGURED
               else "default: scripts/install-vllm's venv, else python3")
     found = [Runtime("vllm", vllm.path, vllm.version, vllm.problem or source)]
     for name in ("trtllm-serve", "trtllm-build"):
@@ -149,7 +149,7 @@ def runtimes(settings: Settings, env: Mapping[str, str]) -> list[Runtime]:
     if smi is None:
         found.append(Runtime("nvidia-smi", None, None, "not on PATH: no NVIDIA GPU is used"))
     else:
-        probed = probe(settings.python)
+        probed = probe(settings)
         gpu = probed.toolchain.gpu or probed.gpu_name
         found.append(Runtime("nvidia-smi", smi, probed.toolchain.driver,
                              f"{probed.gpu_count} x {gpu}" if gpu else probed.note))

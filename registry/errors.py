@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from registry.digest import Digest
+    from registry.identity.digest import Digest
 
 NOT_FOUND: Final = 6
 """The exit code of an unknown alias, ref or model (the registry answered: it has none)."""
@@ -147,7 +147,7 @@ class IntegrityError(RegistryError):
 
 
 class SchemaError(RegistryError):
-    """The SQL registry's schema is not the one this enginectl writes (see `registry.db`)."""
+    """The SQL registry's schema is not the one this enginectl writes (`registry.sql.schema`)."""
 
     def __init__(
         self,

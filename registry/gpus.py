@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from registry.errors import UsageError
+
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
@@ -91,17 +93,25 @@ for _spec in CATALOG:
         _INDEX.setdefault(_fold(_name), _spec)
 
 
-class UnknownGpuError(LookupError):
-    def __init__(self, name: str) -> None:
+class UnknownGpuError(UsageError, LookupError):
+    """A GPU name the catalog lacks: the one message for it, `unknown GPU 'x'; known: ...`,
+    after the *option* it was given to (`--gpu: unknown GPU ...`) when there is one. A usage
+    error (exit 2): a command that looks up a flag's value lets it through as it is."""
+
+    def __init__(self, name: str, *, option: str | None = None) -> None:
         self.name = name
-        super().__init__(f"unknown GPU {name!r}; known: {', '.join(s.sku for s in CATALOG)}")
+        self.option = option
+        where = f"{option}: " if option else ""
+        super().__init__(
+            f"{where}unknown GPU {name!r}; known: {', '.join(s.sku for s in CATALOG)}")
 
 
-def lookup_gpu(name: str) -> GpuSpec:
-    """Find a GPU by any of its names: `h100`, `H100-SXM`, `NVIDIA H100 80GB HBM3`."""
+def lookup_gpu(name: str, *, option: str | None = None) -> GpuSpec:
+    """Find a GPU by any of its names: `h100`, `H100-SXM`, `NVIDIA H100 80GB HBM3`; a name
+    given to a command-line *option* (`--gpu`) is named with it when it is unknown."""
     spec = _INDEX.get(_fold(name))
     if spec is None:
-        raise UnknownGpuError(name)
+        raise UnknownGpuError(name, option=option)
     return spec
 
 

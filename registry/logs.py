@@ -16,35 +16,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal, cast
 
-from registry import records
-from registry.digest import Digest, digest_file
 from registry.errors import RecordNotFoundError
-from registry.refs import resolve_ref
+from registry.identity.digest import Digest, digest_file
+from registry.sql import leases, records, smoke_records
+from registry.sql.refs import resolve_ref
 
 if TYPE_CHECKING:
     from registry.context import Context
 
 
-def release_lease(ctx: Context, key: str, *, owner: str, status: records.RunStatus,
+def release_lease(ctx: Context, key: str, *, owner: str, status: leases.RunStatus,
                   artifact_digest: str | None = None, error: str | None = None,
                   log: Path | None = None) -> bool:
-    """Finish *owner*'s run of *key* (`records.release_lease`) with its *log* stored as a
+    """Finish *owner*'s run of *key* (`leases.release_lease`) with its *log* stored as a
     blob that gc keeps; False when the lease was taken over meanwhile."""
-    from registry.pending import Pending
+    from registry.sql.pending import Pending
 
     finished = cast(Literal["succeeded", "failed", "cancelled"], status)  # never "running"
     if log is None or not log.is_file():
         with ctx.registry.session() as session:
-            return records.release_lease(session, key, owner=owner, status=finished,
-                                         artifact_digest=artifact_digest, error=error)
+            return leases.release_lease(session, key, owner=owner, status=finished,
+                                        artifact_digest=artifact_digest, error=error)
     digest = digest_file(log, with_sha256=False).xxh3
     pending = Pending.begin(ctx, {digest: log}, renew=False)
     try:
         pending.upload()
         with pending.committing() as session:
-            return records.release_lease(session, key, owner=owner, status=finished,
-                                         artifact_digest=artifact_digest, error=error,
-                                         log_location=str(digest))
+            return leases.release_lease(session, key, owner=owner, status=finished,
+                                        artifact_digest=artifact_digest, error=error,
+                                        log_location=str(digest))
     finally:
         pending.end()
 
@@ -71,7 +71,7 @@ def find_log(ctx: Context, ref: str, *, smoke: bool = False) -> FoundLog:
             if digest is None:
                 raise RecordNotFoundError("smoke report for", ref,
                                           hint="--smoke takes an artifact, not a stage key")
-            reports = [r for r in records.smoke_reports(session, digest)
+            reports = [r for r in smoke_records.smoke_reports(session, digest)
                        if isinstance(r.report.get("log"), str)]
             if not reports:
                 raise RecordNotFoundError("smoke log for", digest, hint=(
@@ -84,7 +84,7 @@ def find_log(ctx: Context, ref: str, *, smoke: bool = False) -> FoundLog:
             raise RecordNotFoundError("stage log for", ref, hint=(
                 "it was imported, not built by a stage; `enginectl logs --smoke` shows "
                 "its smoke log, if any"))
-        run = records.get_stage_run(session, key)
+        run = leases.get_stage_run(session, key)
     if run is None or not run.log_location:
         raise RecordNotFoundError("stage log for", ref, hint=(
             f"stage run {key} {'left no log' if run else 'is not in the registry'}; "

@@ -1,9 +1,14 @@
-"""Progress reporting: the library reports bytes, the CLI decides how to show them."""
+"""Progress reporting: the library reports bytes (`Progress`) and lines (`Echo`), the CLI
+decides how to show them."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol
+
+Echo = Callable[[str], None]
+"""Where a long run reports one line as it goes (a finished stage run, a note)."""
 
 
 class Progress(Protocol):

@@ -10,11 +10,15 @@ temp file or an unfinished multipart upload, which `gc` removes).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
+
+WORKERS: Final = min(16, 2 * (os.cpu_count() or 2))
+"""How many blobs a publish, fetch or fsck moves at once."""
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -12,14 +13,23 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
 import yaml
 
-from pipeline.plan import Plan, plan_recipe
-from pipeline.recipe import load_recipe
+from pipeline.planning.plan import Plan, plan_recipe
+from pipeline.recipe.reader import load_recipe
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
+
+
+def expect_exit(done: subprocess.CompletedProcess[str], code: int | None) -> None:
+    """Fail, showing the whole of stdout and stderr (an assertion's repr cuts them), when
+    *done* did not exit *code* (None: any code)."""
+    if code is not None and done.returncode != code:
+        pytest.fail(f"{done.args!r} exited {done.returncode}, expected {code}\n"
+                    f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}", pytrace=False)
 
 
 def recipe_data(name: str) -> dict[str, Any]:
@@ -59,16 +69,17 @@ FAKES = ROOT / "tests" / "fakes"
 
 
 def fake_gpu(directory: Path, name: str = "NVIDIA H100 80GB HBM3", *, count: int = 1,
-             driver: str = "570.124.06", cuda: str = "12.8") -> dict[str, str]:
+             driver: str = "570.124.06") -> dict[str, str]:
     """The environment that makes tests/fakes/bin/nvidia-smi report *count* GPUs *name*
-    with *driver*: its config file, written under *directory* (rewrite it to bump the
-    driver). Without it the stand-in answers as a machine whose driver is not loaded."""
+    with *driver* (and the CUDA version of that driver's branch): its config file, written
+    under *directory* (rewrite it to bump the driver). Without it the stand-in answers as a
+    machine whose driver is not loaded."""
     import json
 
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "nvidia-smi.json"
-    config.write_text(json.dumps({"name": name, "count": count, "driver": driver,
-                                  "cuda": cuda}), encoding="utf-8")
+    config.write_text(json.dumps({"name": name, "count": count, "driver": driver}),
+                      encoding="utf-8")
     return {"FAKE_NVIDIA_SMI_CONFIG": str(config)}
 
 
@@ -136,3 +147,20 @@ def builder_env(tmp_path: Path, registry_url: str) -> dict[str, str]:
         "ENGINECTL_PYTHON": sys.executable,
         "HF_HUB_OFFLINE": "1",
     }
+
+
+GONE_TIMEOUT_S = 60  # a guard against a hang, not a timing assertion
+
+
+def wait_gone(pid: int, timeout_s: float = GONE_TIMEOUT_S) -> bool:
+    """Whether process *pid* (not our child) ends within *timeout_s*: woken by the kernel
+    through a pidfd when it exits (a zombie has exited too), no polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(readable)
+    finally:
+        os.close(fd)

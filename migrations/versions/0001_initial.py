@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-30
 
-Frozen: this file never imports `registry.models`; later changes get their own revision.
+Frozen: this file never imports `registry.sql.models`; later changes get their own revision.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ reports once, in Python, so the same code serves SQLite and PostgreSQL. The inde
 (model, status, kind, gpu) replaces the one on (model, status), its prefix: with it the
 database skips other GPUs' engines in the index instead of reading their rows.
 
-Frozen: this file never imports `registry.models`.
+Frozen: this file never imports `registry.sql.models`.
 """
 
 from __future__ import annotations

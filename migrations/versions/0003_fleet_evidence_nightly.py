@@ -18,7 +18,7 @@ Create Date: 2026-12-01
 - `pending_publishes`: the blobs a publish in progress relies on; gc keeps them.
 - `nightly_runs`: one row per nightly, with its report.
 
-Frozen: this file never imports `registry.models`.
+Frozen: this file never imports `registry.sql.models`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 `base` holds the root group and the error handling; each module beside it adds its commands
 to that group when imported. Heavy modules are imported inside commands so that
-`enginectl --help` stays fast.
+`enginectl --help` stays fast. `progress` is the rich progress bar, shown only on a terminal.
+
+The top layer: may import every other part of `pipeline` and `registry`, and is the only
+package that imports `click`; no other package imports it.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ def _parse_shape(text: str | None) -> dict[str, int] | None:
     """`--shape max_batch_size=8,max_input_len=1024,max_seq_len=2048`"""
     if not text:
         return None
-    from registry.adopt import SHAPE_FIELDS
     from registry.errors import UsageError
+    from registry.ops.adopt import SHAPE_FIELDS
 
     shape: dict[str, int] = {}
     for part in text.split(","):
@@ -49,12 +49,17 @@ def _parse_shape(text: str | None) -> dict[str, int] | None:
 @click.option("--shape", "shape_text", help="max_batch_size=N,max_input_len=N,max_seq_len=N")
 @click.option("--ready", is_flag=True,
               help="Register as ready (you vouch it serves) instead of built.")
+@click.option("--tokenizer-from", metavar="DIR|REF",
+              help="An engine's tokenizer: the HF model directory it was built from (its "
+                   "config.json and tokenizer files) or a REF to that hf-checkpoint; without "
+                   "it the engine cannot serve chat.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: digest, registered, blobs_uploaded, bytes_uploaded.")
 @handle_errors
 def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str | None,
             kv_cache_dtype: str | None, tp: int | None, pp: int | None,
-            shape_text: str | None, ready: bool, as_json: bool) -> None:
+            shape_text: str | None, ready: bool, tokenizer_from: str | None,
+            as_json: bool) -> None:
     """Adopt an engine or checkpoint DIRECTORY built elsewhere.
 
     Only the blobs the store lacks are uploaded (a stored blob of the wrong size, or a
@@ -64,19 +69,26 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
     \b
     Examples:
       enginectl import ./engines/llama70b-fp8-tp8 --kind trtllm-engine \\
-          --model llama-3.3-70b-instruct --gpu h100 --quant fp8
+          --model llama-3.3-70b-instruct --gpu h100 --quant fp8 \\
+          --tokenizer-from ./hf/Llama-3.3-70B-Instruct
       enginectl import ./ckpt --kind trtllm-checkpoint --model m --json
     """
     from pipeline.deploy.guard import check_name_lengths
-    from registry.adopt import ImportSpec, import_artifact
+    from registry.ops.adopt import ImportSpec, import_artifact
+    from registry.tokenizer import carries_tokenizer
 
     check_name_lengths(directory, "DIRECTORY")  # a name too long: one line, exit 2
     spec = ImportSpec(kind=kind, model=model, gpu=gpu, quant=quant,
                       kv_cache_dtype=kv_cache_dtype, tp=tp, pp=pp,
-                      shape=_parse_shape(shape_text), status="ready" if ready else "built")
+                      shape=_parse_shape(shape_text), status="ready" if ready else "built",
+                      tokenizer_from=tokenizer_from)
     ctx = context()
     announce(ctx)
     result = import_artifact(ctx, directory, spec, progress=progress())
+    if kind == "trtllm-engine" and not carries_tokenizer(result.manifest):
+        note(f"{result.digest} has no tokenizer, so it cannot serve chat and is never "
+             "smoke-tested ready; import it again with --tokenizer-from HF_DIR|REF (the model "
+             "it was built from)")
     if as_json:
         echo_json({"digest": result.digest, "registered": result.registered,
                     "blobs_uploaded": result.blobs_uploaded,
@@ -104,22 +116,17 @@ def ls_(as_json: bool, **filters: str | None) -> None:
       enginectl ls --model llama-3.3-70b-instruct --gpu h100
       enginectl ls --status quarantined --json
     """
-    from registry.inventory import ls
-    from registry.manifest import KINDS
-    from registry.models import ARTIFACT_STATUSES
+    from registry.identity.manifest import KINDS
+    from registry.ops.inventory import ls
+    from registry.sql.models import ARTIFACT_STATUSES
 
     _one_of("--kind", filters.get("kind"), KINDS)
     _one_of("--status", filters.get("status"), ARTIFACT_STATUSES)
 
     if filters.get("gpu"):
-        from registry.gpus import UnknownGpuError, lookup_gpu
+        from registry.gpus import lookup_gpu
 
-        try:
-            filters["gpu"] = lookup_gpu(str(filters["gpu"])).sku
-        except UnknownGpuError as exc:
-            from registry.errors import UsageError
-
-            raise UsageError(f"--gpu: {exc}") from exc
+        filters["gpu"] = lookup_gpu(str(filters["gpu"]), option="--gpu").sku
     rows = ls(context(readonly=True), **filters)
     if as_json:
         echo_json(rows)
@@ -151,7 +158,7 @@ def show(ref: str, as_json: bool) -> None:
       enginectl show llama70b/h100/prod
       enginectl show 9f86d081884c --json
     """
-    from registry.inventory import show as show_artifact
+    from registry.ops.inventory import show as show_artifact
 
     info = show_artifact(context(readonly=True), ref)
     if as_json:
@@ -255,7 +262,7 @@ def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
       enginectl tag 9f86d081884c llama70b/h100/prod --note "faster at 64"
       enginectl tag sha256:9f86… llama70b/h100/canary --allow-unready
     """
-    from registry.aliases import tag as tag_artifact
+    from registry.sql.aliases import tag as tag_artifact
 
     digest, previous = tag_artifact(context(), ref, alias, note, allow_unready=allow_unready)
     moved = f" (was {previous})" if previous and previous != digest else ""
@@ -272,7 +279,7 @@ def untag(alias: str) -> None:
     Examples:
       enginectl untag llama70b/h100/canary
     """
-    from registry.aliases import untag as untag_alias
+    from registry.sql.aliases import untag as untag_alias
 
     click.echo(f"removed {alias} (was {untag_alias(context(), alias)})")
 
@@ -286,14 +293,16 @@ def rollback(alias: str, note: str | None, as_json: bool) -> None:
     """Move ALIAS back to the artifact it pointed at before its last move (recorded).
 
     The artifact it leaves becomes superseded (it no longer resolves) unless another alias
-    points at it; the one it returns to is ready again.
+    points at it; the one it returns to is ready again. The alias stays pinned there: no
+    build or nightly moves it back (`show` says so, with --note); only a new digest that wins
+    the nightly's gate, or `enginectl tag`, moves it.
 
     \b
     Examples:
       enginectl rollback llama70b/h100-sxm5-80gb/prod
       enginectl rollback llama70b/h100-sxm5-80gb/prod --note "TTFT regression in prod"
     """
-    from registry.aliases import rollback as roll_back
+    from registry.sql.aliases import rollback as roll_back
 
     digest, previous = roll_back(context(), alias, note)
     if as_json:
@@ -319,30 +328,26 @@ def rollback(alias: str, note: str | None, as_json: bool) -> None:
 def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None,
             min_batch: int | None, prefer: tuple[str, ...], explain: bool,
             as_json: bool) -> None:
-    """Rank the artifacts of a model for a GPU: engines, then checkpoints, then vLLM, by
-    the smoke evidence measured on that GPU.
+    """Rank the artifacts of a model for a GPU: proven on this node's fingerprint first
+    (then the nearest proof: same driver branch, then same SKU), engines, then checkpoints,
+    then vLLM, by the latest smoke evidence measured there.
+
+    With --gpu auto the fingerprint is this machine's (nvidia-smi's GPU and driver, the
+    TRT-LLM, TensorRT, CUDA and vLLM installed here); with --gpu SKU only the SKU is known.
+    --json shows the fingerprint and, per candidate, the proof used (`evidence_used`).
 
     \b
     Examples:
       enginectl resolve --model llama-3.3-70b-instruct --gpu h100 --min-seq-len 4096
       enginectl resolve --model tiny-llama --gpu auto --explain
     """
-    from pipeline.toolchain import local_gpu
-    from registry.errors import RecordNotFoundError, UsageError
-    from registry.gpus import UnknownGpuError, lookup_gpu
-    from registry.resolve import Request
-    from registry.resolve import resolve as rank_for
+    from pipeline.deploy.pull import node_request
+    from registry.errors import RecordNotFoundError
+    from registry.ops.resolve import resolve as rank_for
 
-    if gpu == "auto":
-        spec, counted = local_gpu()
-        gpu_count = gpu_count or counted
-    else:
-        try:
-            spec = lookup_gpu(gpu)
-        except UnknownGpuError as exc:
-            raise UsageError(f"--gpu: {exc}") from exc
-    request = Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                      min_batch=min_batch, prefer=prefer)
+    request = node_request(model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
+                           min_batch=min_batch, prefer=prefer)
+    spec = request.gpu
     ranked = rank_for(context(readonly=True), request, explain=explain)
     if as_json:
         echo_json(ranked.as_dict())

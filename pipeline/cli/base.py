@@ -34,9 +34,9 @@ EXIT_CODES: Final = (
     (0, "ok"),
     (1, "unexpected error (one line; --traceback shows the stack)"),
     (2, "bad usage, recipe or setting (ENGINECTL_*)"),
-    (3, "a stage failed, or this machine cannot run it"),
+    (3, "a stage failed, or this machine cannot run it (GPU SKU, GPU count, runtime)"),
     (4, "registry, store or integrity error (unreachable, missing, damaged)"),
-    (5, "a smoke check failed, or a regression held an alias"),
+    (5, "a smoke check failed, a regression held an alias, or a toolchain regression"),
     (6, "not found: no such alias, ref or model in the registry"),
     (130, "interrupted (Ctrl-C)"),
 )
@@ -248,7 +248,7 @@ def context(*, readonly: bool = False) -> Any:
 def announce(ctx: Any) -> None:
     """One stderr line naming the store and registry a command uses (silenced by -q), said
     when its work begins (`Context.begin`): input it refuses stays a one-line error."""
-    from registry.lookup import shown
+    from registry.sql.lookup import shown
 
     def say() -> None:
         note(f"using store {ctx.config.store_url} and registry "
@@ -259,7 +259,7 @@ def announce(ctx: Any) -> None:
 
 def progress() -> Any:
     """A progress bar on stderr at a terminal; nothing otherwise, or with -q."""
-    from pipeline.progress import terminal_progress
+    from pipeline.cli.progress import terminal_progress
     from registry.progress import NoProgress
 
     return NoProgress() if verbosity() <= QUIET else terminal_progress()

@@ -37,16 +37,22 @@ EXECUTOR = click.option(
               help="What if: key with this fingerprint field changed (driver, cuda, tensorrt, "
                    "trtllm, image, modelopt, torch, transformers, vllm) and say which keys "
                    "it changes (repeatable).")
+@click.option("--pool", "named", multiple=True, metavar="POOL",
+              help="Key the targets on this pool's GPU with its last recorded probe: "
+                   "host:HOSTNAME or a Ray pool's SKU (repeatable).")
 @handle_errors
 def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
-         bumps: tuple[str, ...]) -> None:
+         bumps: tuple[str, ...], named: tuple[str, ...]) -> None:
     """Show what RECIPE would build, what it shares, and what fits; touches no GPU.
 
-    Keys use the toolchain this machine's last build recorded (the builder image's versions
-    when none is recorded), so "built" and "new" say what a build here would do; with
-    --executor ray, each target's Ray pool's last recorded probe (no cluster is contacted).
-    With --toolchain, the plan is keyed as after that bump, and the keys it changes are
-    listed with the field that changed each.
+    Each target is keyed with the toolchain last recorded for the pool that runs its GPU
+    stages (this machine if it has run that GPU, else the host that ran it last, else the
+    Ray pool of that SKU; with --executor ray the Ray pool first, every group of a pool
+    mid-upgrade), so "built" and "new" say what a build there would do, on this laptop
+    too: a local build here changes nothing for a GPU it lacks. Targets on no GPU use this
+    machine's last probe; a pool never probed, the builder image's versions (a note says
+    so). No cluster is contacted. With --toolchain, the plan is keyed as after that bump,
+    and the keys it changes are listed with the field that changed each.
 
     \b
     Examples:
@@ -54,31 +60,39 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
       enginectl plan recipes/llama70b-h100.yaml --commands | head -n 3
       enginectl plan recipes/llama8b-fleet.yaml --json | jq '.targets[].id'
       enginectl plan recipes/llama8b-fleet.yaml --executor ray
+      enginectl plan recipes/llama70b-h100.yaml --pool host:gpu-builder-2
       enginectl plan recipes/llama70b-h100.yaml --toolchain driver=575.57.08
     """
-    from pipeline.preview import parse_overrides, preview
-    from pipeline.recipe import load_recipe
+    from pipeline.executors.preview import group_plan_lines, parse_overrides, preview
+    from pipeline.planning.source import read_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
 
     overrides = parse_overrides(bumps)
-    loaded = load_recipe(recipe)
+    loaded = read_recipe(recipe)
     url = RegistryConfig.from_env().registry_url
     pools = "ray" if executor == "ray" else "local"
     shown = preview(loaded, Settings.from_env(), registry_url=url, pools=pools,
-                    overrides=overrides)
+                    overrides=overrides, named=named)
     the_plan = shown.plan
     for line in shown.notes:
         note(line)
+    if executor == "local":  # a build here refuses what this node lacks the GPUs for
+        from pipeline.planning.capacity import plan_notes, this_node
+
+        for line in plan_notes(the_plan, this_node()):
+            note(line)
     changes = None
     if overrides:
         from pipeline.nightly.diff import key_changes
 
-        base = preview(loaded, Settings.from_env(), registry_url=url, pools=pools)
+        base = preview(loaded, Settings.from_env(), registry_url=url, pools=pools,
+                       named=named)
         changes = key_changes(base.plan, the_plan)
     if as_json:
         data = the_plan.as_dict(built=lambda key: key in shown.built)
         data["recipe"]["toolchain_source"] = shown.toolchain_source
+        data["recipe"]["toolchain_sources"] = shown.sources
         if changes is not None:
             data["changed_keys"] = [change.as_dict() for change in changes]
         echo_json(data)
@@ -91,9 +105,10 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
         from pipeline.report import plan_lines
 
         click.echo("\n".join(plan_lines(the_plan, built=frozenset(shown.built),
-                                           toolchain_source=shown.toolchain_source)))
+                                           toolchain_source=shown.toolchain_source)
+                              + group_plan_lines(shown)))
     if changes is not None and not as_json and not commands:
-        from pipeline.keys import short_key
+        from pipeline.planning.keys import short_key
 
         bump = ", ".join(f"{k}={v}" for k, v in overrides.items())
         click.echo(f"\n{bump} changes {len(changes)} keys:")
@@ -138,8 +153,9 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     """
     import sys
 
-    from pipeline.build import build_recipe, dry_run_lines, summary_lines
     from pipeline.errors import BuildCancelledError
+    from pipeline.executors.build import build_recipe
+    from pipeline.executors.view import dry_run_lines, summary_lines
     from registry.context import Context
 
     ctx = Context()
@@ -185,7 +201,7 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
 
 def _details(plan: Any, summary: Any) -> None:
     """-v: where each run's log is, how long it took, and the tail of each failed run's."""
-    from pipeline.executors.runner import log_tail
+    from pipeline.host.runner import log_tail
 
     for outcome in summary.outcomes:
         run = plan.stages.get(outcome.key)
@@ -213,8 +229,9 @@ def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) 
       enginectl compare --model llama-3.3-70b-instruct --gpu h100
       enginectl compare --model tiny-llama --html compare.html
     """
-    from pipeline.compare import compare as compare_artifacts
-    from pipeline.compare import render_table, write_html
+    from pipeline.serving.compare import compare as compare_artifacts
+    from pipeline.serving.compare import render_table
+    from pipeline.serving.compare_html import write_html
     comparison = compare_artifacts(context(readonly=True), model, gpu)
     if as_json:
         echo_json(comparison.as_dict())
@@ -232,7 +249,8 @@ def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) 
 def smoke(ref: str, as_json: bool) -> None:
     """Smoke-serve REF here with its real server; record the report; ready or quarantined.
 
-    A pass makes REF `ready`, also after a quarantine (how a wrong one is cleared); a
+    A pass makes REF `ready`, also after a quarantine (how a wrong one is cleared), but a
+    `superseded` one stays superseded (what replaced it, or a rollback, still stands); a
     failed check quarantines it (exit 5). When this machine cannot serve it (no GPU of its
     SKU, vLLM's Python without vllm, no trtllm-serve) nothing is recorded, its status stays,
     and the reason is printed (exit 3).
@@ -242,7 +260,7 @@ def smoke(ref: str, as_json: bool) -> None:
       enginectl smoke 9f86d081884c
       enginectl smoke llama70b/h100/prod --json
     """
-    from pipeline.stages.smoke import smoke_artifact
+    from pipeline.serving.smoke_here import smoke_artifact
 
     digest, report = smoke_artifact(ref)
     if as_json:
@@ -254,7 +272,13 @@ def smoke(ref: str, as_json: bool) -> None:
             click.echo(f"load  c={level.concurrency:<4} {level.output_tokens_per_s:8.1f} tok/s  "
                        f"TTFT p50 {level.ttft_p50_s}  p95 {level.ttft_p95_s}  "
                        f"errors {level.errors}")
-        click.echo(f"{digest}: {'ready' if report.passed else 'quarantined'}")
+        status = "quarantined"
+        if report.passed:  # ready, or superseded: a re-smoke keeps what replaced it
+            from registry.sql.records import get_status
+
+            with context(readonly=True).registry.session(readonly=True) as session:
+                status = get_status(session, digest) or "ready"
+        click.echo(f"{digest}: {status}")
     detail(f"server log {report.log_path}")
     if not report.passed:
         from pipeline.errors import SmokeError
@@ -266,26 +290,29 @@ def smoke(ref: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the fingerprint as JSON.")
 @handle_errors
 def toolchain(as_json: bool) -> None:
-    """Print this machine's toolchain fingerprint (GPU, driver, CUDA, TensorRT, TRT-LLM, …).
+    """Print this machine's toolchain fingerprint (GPU, driver, CUDA, TensorRT, TRT-LLM, …),
+    each field with where it was read: nvidia-smi, the builder's Python (ENGINECTL_PYTHON),
+    vLLM's Python (ENGINECTL_VLLM_PYTHON), ENGINECTL_IMAGE_DIGEST.
 
     \b
     Examples:
       enginectl toolchain
       enginectl toolchain --json
     """
-    import os
+    from pipeline.planning.toolchain import probe
 
-    from pipeline.settings import Settings
-    from pipeline.toolchain import probe
-
-    found = probe(Settings.from_env().python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
+    found = probe()
     data = {**found.toolchain.as_dict(), "gpu_name": found.gpu_name,
-            "gpu_count": found.gpu_count, "note": found.note}
+            "gpu_count": found.gpu_count, "note": found.note, "sources": dict(found.sources)}
     if as_json:
         echo_json(data)
         return
-    for name, value in data.items():
-        if name != "note":
-            click.echo(f"{name:<13} {value if value is not None else '-'}")
+    fields = found.toolchain.as_dict()
+    width = max(len(str(v)) for v in (*fields.values(), found.gpu_name, "-"))
+    for name, value in fields.items():
+        shown = value if value is not None else "-"
+        click.echo(f"{name:<12} {shown!s:<{width}}  {found.sources.get(name, '')}".rstrip())
+    click.echo(f"{'gpu_name':<12} {found.gpu_name or '-'}")
+    click.echo(f"{'gpu_count':<12} {found.gpu_count}")
     if found.note:
         click.echo(found.note)

@@ -16,15 +16,17 @@ ADDRESS_HELP = "The Ray cluster: auto, HOST:6379, or ray://HEAD:10001 (default $
 @handle_errors
 def fleet(address: str, as_json: bool) -> None:
     """The pools a Ray cluster has: per GPU SKU its nodes, GPUs total and free, the last
-    probed toolchain and when; the CPU nodes; the Ray and enginectl versions.
+    probed toolchain and when, and the groups of nodes that probing found when they differ
+    (a rolling driver upgrade: each group builds and smokes its own keys); the CPU nodes;
+    the Ray and enginectl versions.
 
     \b
     Examples:
       enginectl fleet                                # RAY_ADDRESS, else a local cluster
       enginectl fleet --address ray://head:10001 --json
     """
-    from pipeline.fleet import fleet as read_fleet
-    from pipeline.fleet import fleet_lines
+    from pipeline.executors.fleet import fleet as read_fleet
+    from pipeline.executors.fleet import fleet_lines
 
     info = read_fleet(address)
     if as_json:

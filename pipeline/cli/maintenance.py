@@ -27,7 +27,7 @@ def fsck(no_verify: bool, repair: bool, as_json: bool) -> None:
       enginectl fsck --repair        # set damage aside, restore from the cache, say what
     """
     from registry.errors import RegistryError
-    from registry.fsck import fsck as check
+    from registry.ops.fsck import fsck as check
 
     found = check(context(), verify_blobs=not no_verify, repair=repair, progress=progress())
     left = found.unrepaired
@@ -71,8 +71,8 @@ def gc(dry_run: bool, grace: str, keep_superseded: int, as_json: bool) -> None:
       enginectl gc --dry-run              # what a gc would remove now
       enginectl gc --grace 12h --json
     """
-    from registry.gc import gc as collect
-    from registry.gc import parse_grace
+    from registry.ops.gc import gc as collect
+    from registry.ops.gc import parse_grace
 
     result = collect(context(), grace=parse_grace(grace), dry_run=dry_run,
                      keep_superseded=keep_superseded)
@@ -117,7 +117,7 @@ def reindex(as_json: bool) -> None:
       mv ~/.local/share/enginectl/registry.db{,.damaged} && enginectl reindex
     """
     from registry.errors import RegistryError
-    from registry.reindex import reindex as rebuild
+    from registry.ops.reindex import reindex as rebuild
 
     done = rebuild(context())
     if as_json:
@@ -159,8 +159,8 @@ def upgrade() -> None:
       enginectl db upgrade
     """
     from registry.config import RegistryConfig
-    from registry.db import safe_url
-    from registry.db import upgrade as migrate
+    from registry.sql.engine import safe_url
+    from registry.sql.schema import upgrade as migrate
 
     url = RegistryConfig.from_env().registry_url
     click.echo(f"{safe_url(url)} is at revision {migrate(url)}")
@@ -176,8 +176,9 @@ def current() -> None:
       enginectl db current
     """
     from registry.config import RegistryConfig
-    from registry.db import current as revision_of
-    from registry.db import head_revision, safe_url
+    from registry.sql.engine import safe_url
+    from registry.sql.schema import current as revision_of
+    from registry.sql.schema import head_revision
 
     url = RegistryConfig.from_env().registry_url
     click.echo(f"{safe_url(url)}: {revision_of(url) or 'empty'} "

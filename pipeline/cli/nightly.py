@@ -39,8 +39,14 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, d
     max_regression). One nightly runs at a time; a second waits for it. A second run with
     nothing changed does nothing.
 
-    Exit 0 ok or nothing to do, 3 a stage failed (or could not run here), 5 a smoke failed
-    or a regression held an alias; every failure is listed with its log.
+    Every target gets one verdict: regressed, failed (machine or artifact fault), held,
+    promoted, rebuilt, re-proved, skipped (this machine lacks its GPU) or unchanged. A
+    re-proof slower than its last proof on the previous toolchain by more than the recipe's
+    nightly.max_regression (default 0.10) is a toolchain regression, reported first.
+
+    Exit 5 a toolchain regression; else 3 a stage failed by the machine's fault or before
+    the smoke; else 5 a smoke failed or the gate held an alias; else 0 (skipped targets
+    included). Every failure is listed with its log.
 
     \b
     Examples:

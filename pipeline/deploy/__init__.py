@@ -9,4 +9,10 @@
 
 `pipeline.deploy.pull.pull` and `pipeline.deploy.serve.serve` are the public functions the
 CLI calls; deploy tools import them.
+
+May import: the standard library, `registry`, and the lower layers of `pipeline` (`errors`,
+`settings`, `host` for the process runner and vLLM's Python, `stages.serve`'s argv forms,
+planning's toolchain probe and `planning.capacity`). Never `click` (only `pipeline.cli`
+does), `pipeline.cli`, `pipeline.nightly`, `pipeline.executors` or `pipeline.serving` —
+those import this package.
 """

@@ -7,10 +7,16 @@ word is the builder's vLLM Python (or `trtllm-serve`) and it listens on 127.0.0.
 rewrites exactly those known parts, and nothing else:
 
     argv[0]                 the runtime executable found on this node (a Python that imports
-                            vllm for `python -m vllm.entrypoints.openai.api_server …`, or
-                            `trtllm-serve`)
+                            vllm for `python -m vllm.entrypoints.cli.main serve …`, or for
+                            `python -m vllm.entrypoints.openai.api_server …` as entries
+                            recorded before vLLM 0.32; or `trtllm-serve`)
     --host VALUE            the host asked for (appended when the argv has none)
     {model_dir}, {port}     the pulled directory and the port asked for
+    --tokenizer VALUE       (trtllm-serve of an engine) the tokenizer directory pull placed:
+                            `<dir>/tokenizer`, which holds the source model's HF config.json
+                            and tokenizer files; an engine published before engines carried
+                            one recorded `--tokenizer {model_dir}` (its own config.json, which
+                            trtllm-serve cannot load as a model config)
 
 Rewriting at pull time, rather than recording `{host}`/`{python}` placeholders in new
 manifests, keeps every entry already published servable as it is, and changes no key.
@@ -28,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Final
 
+from pipeline.stages.serve import VLLM_SERVE, vllm_form, vllm_model, vllm_start
 from registry.errors import ManifestError
+from registry.tokenizer import TOKENIZER_DIR
 
-VLLM_MODULE: Final = ("-m", "vllm.entrypoints.openai.api_server")
 _PLACEHOLDER: Final = re.compile(r"\{model_dir\}|\{port\}")
 RUNTIME_OF_KIND: Final = {"trtllm-engine": "trtllm", "trtllm-checkpoint": "trtllm-pytorch",
                           "vllm": "vllm"}
@@ -74,7 +81,9 @@ def template(digest: str, kind: str, labels: Mapping[str, Any],
 def _plain_argv(runtime: str, labels: Mapping[str, Any]) -> list[str]:
     tp, pp = str(labels.get("tp") or 1), str(labels.get("pp") or 1)
     if runtime == "vllm":
-        argv = ["python", *VLLM_MODULE, "--model", "{model_dir}", "--served-model-name",
+        # no GPU named (a vLLM entry names none): the form every 0.32 distribution runs
+        cpu = labels.get("gpu") in (None, "CPU")
+        argv = [*vllm_start("python", "{model_dir}", cpu=cpu), "--served-model-name",
                 str(labels.get("model") or "model"), "--host", "127.0.0.1", "--port", "{port}",
                 "--tensor-parallel-size", tp, "--pipeline-parallel-size", pp]
         flags = {"max_seq_len": "--max-model-len", "max_batch_size": "--max-num-seqs"}
@@ -82,7 +91,7 @@ def _plain_argv(runtime: str, labels: Mapping[str, Any]) -> list[str]:
         backend = "tensorrt" if runtime == "trtllm" else "pytorch"
         argv = ["trtllm-serve", "{model_dir}", "--backend", backend]
         if runtime == "trtllm":
-            argv += ["--tokenizer", "{model_dir}"]
+            argv += ["--tokenizer", "{model_dir}/" + TOKENIZER_DIR]
         argv += ["--host", "127.0.0.1", "--port", "{port}", "--tp_size", tp, "--pp_size", pp]
         flags = {"max_batch_size": "--max_batch_size", "max_seq_len": "--max_seq_len",
                  "max_num_tokens": "--max_num_tokens"}
@@ -93,48 +102,51 @@ def _plain_argv(runtime: str, labels: Mapping[str, Any]) -> list[str]:
 
 
 def node_argv(found: Template, *, executable: str, model_dir: str, host: str,
-              port: int) -> list[str]:
+              port: int, tokenizer_dir: str | None = None) -> list[str]:
     """*found*'s argv for this node: *executable* first, listening on *host*:*port*, serving
-    *model_dir*. A first word that is neither vLLM's module nor trtllm-serve is refused: it is
-    not a command enginectl knows how to move to another machine."""
+    *model_dir* (and for an engine, with *tokenizer_dir* as its `--tokenizer`). A first word
+    that is neither vLLM's module nor trtllm-serve is refused: it is not a command enginectl
+    knows how to move to another machine."""
     values = {"{model_dir}": model_dir, "{port}": str(port)}
     # one pass: a directory named `x{port}` stays `x{port}` (-o is a path, not a template)
     argv = [_PLACEHOLDER.sub(lambda match: values[match.group(0)], part) for part in found.argv]
     if not argv:
         raise ManifestError("the recorded serve argv is empty")
     if found.runtime == "vllm":
-        if tuple(argv[1:3]) != VLLM_MODULE:
-            raise ManifestError(f"serve argv {' '.join(found.argv[:3])!r} is not "
-                                f"`python {' '.join(VLLM_MODULE)}`; pull cannot move it")
+        if vllm_form(argv) is None:
+            raise ManifestError(f"serve argv {' '.join(found.argv[:4])!r} is not vLLM's "
+                                f"`python {' '.join(VLLM_SERVE)}`; pull cannot move it")
     elif PurePath(argv[0]).name != "trtllm-serve":
         raise ManifestError(f"serve argv starts with {found.argv[0]!r}, not trtllm-serve; "
                             "pull cannot move it")
     argv[0] = executable
-    return _with_host(argv, host)
+    if tokenizer_dir is not None and found.runtime == "trtllm":
+        argv = _with_option(argv, "--tokenizer", tokenizer_dir)
+    return _with_option(argv, "--host", host)
 
 
-def _with_host(argv: list[str], host: str) -> list[str]:
+def _with_option(argv: list[str], flag: str, value: str) -> list[str]:
+    """*argv* with *flag*'s value set to *value* (appended when *argv* has no *flag*)."""
     out, seen = [], False
     parts = iter(argv)
     for part in parts:
-        if part == "--host":
+        if part == flag:
             next(parts, None)
-            out += ["--host", host]
+            out += [flag, value]
             seen = True
-        elif part.startswith("--host="):
-            out.append(f"--host={host}")
+        elif part.startswith(f"{flag}="):
+            out.append(f"{flag}={value}")
             seen = True
         else:
             out.append(part)
-    return out if seen else [*out, "--host", host]
+    return out if seen else [*out, flag, value]
 
 
 def served_name(argv: Sequence[str], runtime: str, model_dir: str) -> str:
-    """The model id the server answers to: vLLM's `--served-model-name` (else its `--model`);
-    for trtllm-serve the model directory's name (it has no option to name it)."""
+    """The model id the server answers to: vLLM's `--served-model-name` (else the model it
+    serves); for trtllm-serve the model directory's name (it has no option to name it)."""
     if runtime == "vllm":
-        for flag in ("--served-model-name", "--model"):
-            if flag in argv[:-1]:
-                return argv[list(argv).index(flag) + 1]
-        return model_dir
+        if "--served-model-name" in argv[:-1]:
+            return argv[list(argv).index("--served-model-name") + 1]
+        return vllm_model(argv) or model_dir
     return PurePath(model_dir).name

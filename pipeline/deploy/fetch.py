@@ -1,4 +1,4 @@
-"""fetch, as `enginectl fetch` runs it: `registry.fetch` behind the one target rule, filled
+"""fetch, as `enginectl fetch` runs it: `registry.ops.fetch` behind the one target rule, filled
 the way pull fills a directory.
 
     with Context() as ctx:
@@ -6,8 +6,8 @@ the way pull fills a directory.
 
 The target is checked by `pipeline.deploy.guard.check_target` before anything is read
 (`--force` replaces only a directory pull or fetch filled, or an empty one; never the store,
-the cache, a home or the working directory). The artifact (`registry.fetch.choose`) is then
-placed by `registry.fetch.fetch_manifest` into `pipeline.deploy.target.staged`, as pull's
+the cache, a home or the working directory). The artifact (`registry.ops.fetch.choose`) is then
+placed by `registry.ops.fetch_files.fetch_manifest` into `pipeline.deploy.target.staged`, as pull's
 files are: a staging directory renamed into place or, for a mount point (a Kubernetes
 volume, which cannot be renamed over), filled in place behind the marker, so a fetch killed
 half way does not block the next one. The directory gets the marker (by "fetch") that lets
@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.target import staged
-from registry.fetch import Fetched, Verify, choose, fetch_manifest, lazy_store
+from registry.ops.fetch import choose, lazy_store
+from registry.ops.fetch_files import Fetched, Verify, fetch_manifest
 
 if TYPE_CHECKING:
     from registry.context import Context

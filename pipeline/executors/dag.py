@@ -21,9 +21,9 @@ from typing import Protocol
 
 from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.executors.stage import reused
-from pipeline.plan import Plan, StageRun
-from registry import records
+from pipeline.planning.plan import Plan, StageRun
 from registry.context import Context
+from registry.sql import leases, records
 
 Reporter = Callable[[Outcome], None]
 Starter = Callable[[StageRun], None]
@@ -73,7 +73,7 @@ class _Walk:
         self.hits, self.keep_going = hits, keep_going
         self.report, self.started = report, started
         self.summary = BuildSummary()
-        self.previous: dict[str, records.StageRunRecord] = {}
+        self.previous: dict[str, leases.StageRunRecord] = {}
         self.digests: dict[str, str] = {}  # key -> artifact digest, as runs finish
         self.running: dict[Future[Outcome], str] = {}
         self.done: set[str] = set()
@@ -89,7 +89,7 @@ class _Walk:
         self.wanted = keys
         if self.hits:
             with self.ctx.registry.session(readonly=True) as session:
-                self.previous = records.get_stage_runs(session, set(self.hits))
+                self.previous = leases.get_stage_runs(session, set(self.hits))
         pending = dict.fromkeys(key for key in self.plan.stages if key in keys)
         while pending or self.running:
             for key in list(pending):

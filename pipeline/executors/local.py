@@ -1,13 +1,15 @@
 """The local executor (the default): stage runs on this machine's threads.
 
 Independent runs go in parallel up to `jobs`; runs on the same GPU SKU never overlap (one
-lock per SKU). Each run is `pipeline.executors.stage.StageWorker.run`, as on every executor.
+lock per SKU). A run that needs more GPUs than `gpu_count` (nvidia-smi's count of
+`local_gpu`) fails before it starts (`pipeline.planning.capacity`). Each run is
+`pipeline.executors.stage.StageWorker.run`, as on every executor.
 
 Each run has a thread of its own (the walk never hands over more than `jobs` at once), a
 daemon thread: Ctrl-C stops every child process at once, waits a moment for the runs to end
 `cancelled`, and then lets the process exit, even past a run that is busy in-process (a
 snapshot download, an upload) — its lease is released `cancelled` and what it leaves is what
-a killed process leaves (nothing visible; see `registry.publish`).
+a killed process leaves (nothing visible; see `registry.ops.publish`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from types import TracebackType
 from typing import Final
 
 from pipeline.executors.outcome import Outcome
-from pipeline.executors.runner import CANCEL_GRACE_S, stop_all
 from pipeline.executors.stage import CANCELLED, StageWorker
-from pipeline.plan import Plan, StageRun
+from pipeline.host.runner import CANCEL_GRACE_S, stop_all
+from pipeline.planning.plan import Plan, StageRun
 from pipeline.settings import Settings
 from registry.context import Context
 
@@ -54,13 +56,13 @@ class LocalExecutor:
 
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, jobs: int = 1,
                  force: bool = False, local_gpu: str | None = None,
-                 keep_work: bool = False) -> None:
+                 gpu_count: int | None = None, keep_work: bool = False) -> None:
         self.capacity = max(1, jobs)
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._gpu_locks_lock = threading.Lock()
         self.worker = StageWorker(plan, ctx, settings, owner=owner_id(), force=force,
-                                  local_gpu=local_gpu, gpu_slot=self._gpu_slot,
-                                  keep_work=keep_work)
+                                  local_gpu=local_gpu, gpu_count=gpu_count,
+                                  gpu_slot=self._gpu_slot, keep_work=keep_work)
         self._inflight: dict[Future[Outcome], tuple[StageRun, threading.Thread]] = {}
         self._lock = threading.Lock()
         self._stopped = False
@@ -107,7 +109,7 @@ class LocalExecutor:
         self.worker.cancel.set()
         self.worker.stop.set()
         stop_all(CANCEL_GRACE_S)
-        from pipeline.smoke import stop_all as stop_servers
+        from pipeline.serving.smoke import stop_all as stop_servers
 
         stop_servers()
         with self._lock:

@@ -5,6 +5,8 @@ per GPU, e.g. `gpu:H100-SXM5-80GB: 8`), plus the CPU pool: the nodes that advert
 (every node, when the cluster has no such node). Where each stage run goes:
 
     build (engine), smoke of a GPU target   tp × pp units of its SKU and as many GPUs, one node
+                                            (no node has that many: refused up front,
+                                            `oversized`; Ray would leave it pending)
     quantize                                the GPUs its calibration needs on its SKU's pool
                                             (a CPU-only recipe: the CPU pool)
     convert                                 its target's pool (TRT-LLM lives in the builder
@@ -13,21 +15,21 @@ per GPU, e.g. `gpu:H100-SXM5-80GB: 8`), plus the CPU pool: the nodes that advert
     snapshot, no-build entries, CPU smoke   the CPU pool
 
 The driver checks every pool a plan needs exists before submitting anything (`missing`), and
-that the nodes of each pool agree on their toolchain (`disagreement`), because a pool's
-fingerprint keys its targets.
+that one node of it has the GPUs each run asks for (`oversized`). What keys a pool's targets
+(its nodes' toolchain probes, and groups of them) is `pipeline.executors.groups`'.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.plan import KIND_ENGINE, Plan, StageRun
-from pipeline.recipe import Recipe
-from pipeline.toolchain import Toolchain
+from pipeline.errors import MachineError
+from pipeline.planning.capacity import GpuNeed, NodeGpus, Shortfall, run_need, shortfall
+from pipeline.planning.plan import KIND_ENGINE, Plan, StageRun
+from pipeline.recipe.schema import Recipe
 from registry.gpus import UnknownGpuError, lookup_gpu
 
 GPU_PREFIX: Final = "gpu:"
@@ -35,10 +37,6 @@ CPU_POOL: Final = "CPU"
 PIN: Final = 0.001
 """The share of a SKU's resource a GPU-less run (convert) asks for: it pins the run to the
 pool without holding a GPU (Ray's resource granularity is 0.0001)."""
-
-CPU_POOL_IGNORES: Final = ("gpu", "sm", "driver", "cuda")
-"""Fields CPU work does not depend on: the CPU pool's nodes may differ in them."""
-
 
 def resource(sku: str) -> str:
     """The Ray resource a node of pool *sku* advertises, one unit per GPU."""
@@ -197,51 +195,45 @@ def missing_message(gaps: Mapping[str, list[str]], fleet: Fleet, *, skipped: boo
             f"'{{\"{resource(next(iter(gaps)))}\": N}}'`, or pass --keep-going to skip them")
 
 
-@dataclass(frozen=True)
-class NodeProbe:
-    """What the toolchain probe found on one node."""
-
-    node: NodeInfo
-    toolchain: Toolchain
-    gpu_name: str | None
-    gpu_count: int
-    note: str | None = None
-
-
-def disagreement(pool: str, probes: Sequence[NodeProbe]) -> str | None:
-    """Why *pool*'s nodes cannot key its targets (None when they agree): a node whose GPU is
-    not the pool's SKU, or nodes that differ in a fingerprint field (with counts per value)."""
-    if pool != CPU_POOL:
-        for probe in probes:
-            if probe.toolchain.gpu != pool:
-                seen = probe.gpu_name or "no GPU"
-                return (f"node {probe.node.short} advertises {resource(pool)} but its "
-                        f"nvidia-smi reports {seen!r}; fix the node's --resources")
-    ignored = CPU_POOL_IGNORES if pool == CPU_POOL else ()
-    differing = []
-    for name, _ in probes[0].toolchain.as_dict().items() if probes else ():
-        if name in ignored:
+def oversized(plan: Plan, fleet: Fleet) -> dict[str, Shortfall]:
+    """The targets of *plan* with a run that asks one node of its pool for more GPUs than
+    the largest node of that pool advertises, each with why (`pipeline.planning.capacity`);
+    pools no node advertises are `missing`'s."""
+    found: dict[str, Shortfall] = {}
+    for run in plan.stages.values():
+        where = placement(plan, run)
+        pool = fleet.pools.get(where.pool)
+        if pool is None or where.num_gpus <= 0:
             continue
-        counts = Counter(str(p.toolchain.as_dict()[name]) for p in probes)
-        if len(counts) > 1:
-            each = ", ".join(f"{value} on {count} node{'s' if count > 1 else ''}"
-                             for value, count in sorted(counts.items()))
-            differing.append(f"{name} {each}")
-    if not differing:
-        return None
-    return (f"pool {pool}: its {len(probes)} nodes disagree ({'; '.join(differing)}), so its "
-            "keys would be ambiguous; bring every node of the pool to one toolchain "
-            "(`enginectl fleet` shows the last probes)")
+        largest = max(int(node.resources.get(resource(pool.name), 0.0)) for node in pool.nodes)
+        need = run_need(plan, run) or GpuNeed(pool.name, where.num_gpus, f"its {run.stage}")
+        short = shortfall(need, NodeGpus(pool.name, largest,
+                                         where=f"the largest node of pool {pool.name}",
+                                         source=f"its {resource(pool.name)} resource"))
+        if short is not None:
+            for target in run.targets:
+                found.setdefault(target, short)
+    return found
 
 
-def pool_toolchain(pool: str, probed: Toolchain) -> Toolchain:
-    """The fingerprint a pool's targets are keyed with, from one of its (agreeing) nodes."""
-    if pool != CPU_POOL:
-        return probed
-    values = probed.as_dict()
-    for name in CPU_POOL_IGNORES:
-        values[name] = None
-    return Toolchain(**values)  # type: ignore[arg-type]
+def _oversized_reasons(found: Mapping[str, Shortfall]) -> str:
+    shown = "; ".join(f"target {target}: {short.reason}"
+                      for target, short in list(found.items())[:3])
+    return shown + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
+
+
+def oversized_note(found: Mapping[str, Shortfall]) -> str:
+    """The note of a keep-going build that skips *found*."""
+    return f"skipping the targets no node has the GPUs for: {_oversized_reasons(found)}"
+
+
+def oversized_error(found: Mapping[str, Shortfall]) -> MachineError:
+    """The refusal (exit 3) of a build with targets no node has the GPUs for."""
+    first = next(iter(found.values()))
+    count = f"{len(found)} target{'s' if len(found) > 1 else ''}"
+    return MachineError(f"no node of the Ray cluster has the GPUs for {count}",
+                        _oversized_reasons(found), f"{first.fix} (`ray start --resources`), "
+                        "or pass --keep-going to skip them")
 
 
 def stage_timeout(recipe: Recipe, run: StageRun) -> float:

@@ -1,8 +1,9 @@
 """The Ray executor: each stage run is a Ray task on a node of its pool (`pools.placement`).
 
-    connect      ray.init with the workers' environment (store and registry URLs, credentials)
     probe_pools  one probe task per node of each needed pool (the toolchain probe, there)
-    RayBackend   a `pipeline.executors.dag.Backend`: submits runs with their resources,
+    RayBackend   a `pipeline.executors.dag.Backend`: submits runs with their resources (a
+                 run of one group of a split pool also with a label selector naming that
+                 group's nodes, `ray.io/node-id in (...)`, so Ray places and retries it there),
                  enforces each stage's timeout from the driver (Ray has none) and cancels,
                  lets Ray retry a run whose node or worker died (system failures only: a
                  stage's own failure is an Outcome, never an exception, so it is not retried)
@@ -11,7 +12,9 @@
                  travel through the store and the node's fetch cache, never through Ray's
                  object store.
 
-Only `pipeline.fleet` imports this module, so the local executor never imports Ray.
+The driver joins the cluster first (`pipeline.executors.ray_cluster.connect`). Only
+`pipeline.executors.ray_build` imports this module (after `fleet.require_ray`), so the
+local executor never imports Ray.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,31 +30,23 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import ray
-import ray._private.worker as ray_worker
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.errors import FleetError
+from pipeline.executors.groups import NodeProbe
 from pipeline.executors.outcome import Outcome
-from pipeline.executors.pools import CPU_POOL, NodeInfo, NodeProbe, placement, stage_timeout
+from pipeline.executors.pools import CPU_POOL, NodeInfo, placement, stage_timeout
 from pipeline.executors.ray_tasks import TaskSpec, kill_worker, probe_node, run_stage
-from pipeline.keys import short_key
-from pipeline.plan import Plan, StageRun
-from pipeline.toolchain import from_dict
-from registry import records
-from registry.config import RegistryConfig
+from pipeline.planning.keys import short_key
+from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.toolchain import PoolToolchains, from_dict
 from registry.context import Context
 from registry.errors import EnginectlError, RegistryError
+from registry.sql import leases
 
-FORWARDED: Final = (
-    "ENGINECTL_LEASE_TTL_S", "ENGINECTL_IMAGE_DIGEST",
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
-    "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_CA_BUNDLE", "HF_TOKEN", "HF_ENDPOINT",
-    "HF_HUB_OFFLINE",
-)
-"""What a worker gets from the driver's environment besides the store and registry: their
-credentials. Node-local places (ENGINECTL_HOME, work dir, cache, TRT-LLM examples, Pythons)
-are the node's own. ENGINECTL_RAY_ENV names more (comma-separated)."""
+NODE_ID_LABEL: Final = "ray.io/node-id"
+"""The label Ray gives every node (its id), which a task's label selector can ask for."""
 
 WATCH_S: Final = 0.5  # how often the driver looks at deadlines and finished tasks
 CANCEL_GRACE_S: Final = float(os.environ.get("ENGINECTL_RAY_CANCEL_GRACE_S", "15"))
@@ -61,122 +55,6 @@ cancel (KeyboardInterrupt: it stops its children and releases its lease), then f
 then kill its worker process by pid on its node (a frozen worker answers neither cancel),
 then give up on it and report it cancelled."""
 
-
-def worker_env(config: RegistryConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment variables every task gets through the job's runtime env. Values are
-    secrets (credentials, a registry password): they are never logged or printed."""
-    env = {"ENGINECTL_STORE_URL": config.store_url,
-           "ENGINECTL_REGISTRY_URL": config.registry_url}
-    if config.s3_endpoint_url:
-        env["ENGINECTL_S3_ENDPOINT_URL"] = config.s3_endpoint_url
-    extra = [n.strip() for n in environ.get("ENGINECTL_RAY_ENV", "").split(",") if n.strip()]
-    for name in (*FORWARDED, *extra):
-        if name in environ:
-            env[name] = environ[name]
-    return env
-
-
-def connect(address: str, config: RegistryConfig) -> None:
-    """Join the cluster at *address* (`auto`, `host:6379`, or `ray://head:10001`) as a driver
-    whose tasks get the store and registry of *config*."""
-    env = worker_env(config, os.environ)
-    _check_reachable(address)
-    try:
-        ray.init(address=address, runtime_env={"env_vars": env}, namespace="enginectl",
-                 logging_level=logging.ERROR, log_to_driver=False, ignore_reinit_error=True,
-                 configure_logging=True)
-    except ray.exceptions.AuthenticationError as exc:
-        raise FleetError(
-            f"the Ray cluster at {address!r} refused this driver's token: set RAY_AUTH_TOKEN "
-            "(or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the "
-            "head) and RAY_AUTH_MODE=token", address=address) from exc
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError,
-            ray.exceptions.RaySystemError) as exc:
-        why = " ".join(str(exc).split())[:300]
-        raise FleetError(f"cannot join the Ray cluster at {address!r}: {why}; check --address "
-                         "(or RAY_ADDRESS) and `ray status` on the head", address=address) from exc
-    # Ray prints what its raylets report (a worker that died, ...) on this process's stdout
-    # even with log_to_driver=False, which would corrupt `--json`; enginectl reports every
-    # run itself. Ray's own debugger (ray.util.rpdb) silences the same switch.
-    setattr(ray_worker, "_worker_logs_enabled", False)  # noqa: B010
-
-
-# Ray's GCS (HOST:6379) and its client server (ray://HOST:10001) speak gRPC, which is HTTP/2
-# over cleartext unless the cluster is set up for TLS: sent HTTP/2's connection preface and
-# an empty SETTINGS frame, such a server answers with a SETTINGS frame of its own at once.
-_HTTP2_PREFACE: Final = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-                         b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-_HTTP2_SETTINGS: Final = 0x04
-CONNECT_TIMEOUT_S: Final = 5.0
-ANSWER_TIMEOUT_S: Final = 10.0
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds when nothing at *address* answers as Ray does: Ray itself retries for
-    minutes (a silent port, or one that speaks HTTP/1), then its C++ core ends the process
-    with a page of log. Under RAY_USE_TLS only the connection is checked."""
-    if "://" not in address and address.count(":") != 1:
-        return  # auto, local: Ray's own lookup, which fails at once when nothing runs
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    host = host.strip("[]")
-    hint = "check --address (or RAY_ADDRESS) and `ray status` on the head"
-    try:
-        sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc)
-        raise FleetError(f"cannot join the Ray cluster at {address!r}: nothing answers at "
-                         f"{host}:{port} ({why}); {hint}", address=address) from exc
-    with sock:
-        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-            return
-        why = _not_grpc(sock)
-    if why is not None:
-        raise FleetError(f"cannot join the Ray cluster at {address!r}: {host}:{port} is not "
-                         f"Ray ({why}); {hint}", address=address)
-
-
-def _not_grpc(sock: socket.socket) -> str | None:
-    """Why the server on *sock* is not a gRPC (HTTP/2) one, or None: it must answer the
-    HTTP/2 preface with a SETTINGS frame within ANSWER_TIMEOUT_S."""
-    deadline = time.monotonic() + ANSWER_TIMEOUT_S
-    answer = b""
-    try:
-        sock.settimeout(ANSWER_TIMEOUT_S)
-        sock.sendall(_HTTP2_PREFACE)
-        while len(answer) < 9:  # a frame header: length (3), type (1), flags, stream id
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            chunk = sock.recv(9 - len(answer))
-            if not chunk:
-                break
-            answer += chunk
-    except TimeoutError:
-        return f"no answer in {ANSWER_TIMEOUT_S:g} s" if not answer else \
-            f"it answered {answer!r}, then nothing"
-    except OSError as exc:
-        return f"it ended the connection: {exc.strerror or exc}"
-    if len(answer) == 9 and answer[3] == _HTTP2_SETTINGS:
-        return None
-    if not answer:
-        return "it closed the connection without a word"
-    return f"it does not speak gRPC: it answered {answer!r}"
-
-
-def disconnect() -> None:
-    """Leave the cluster: Ray ends every task this driver still has (they die with it)."""
-    with contextlib.suppress(Exception):  # never mask what made the build stop
-        ray.shutdown()
-
-
-def live_nodes() -> list[dict[str, Any]]:
-    return list(ray.nodes())  # type: ignore[no-untyped-call]
-
-
-def free_resources() -> dict[str, float]:
-    found = ray.available_resources()  # type: ignore[no-untyped-call]
-    return {str(k): float(v) for k, v in found.items()}
-
-
-# --- on the driver ------------------------------------------------------------------------
 
 def probe_pools(pools: Mapping[str, Sequence[NodeInfo]], *,
                 timeout_s: float) -> dict[str, list[NodeProbe]]:
@@ -239,6 +117,10 @@ class RayBackend:
     cpu_nodes: Sequence[str] = ()
     grace_s: float = 300.0
     max_retries: int = 3
+    toolchains: Mapping[str, PoolToolchains] = field(default_factory=dict)
+    """By key: what the run's node plans it with (default: the plan's own)."""
+    nodes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """By key: the only nodes the run may go to (its group's, in a split pool)."""
 
     def __post_init__(self) -> None:
         self.capacity = max(1, len(self.plan.stages))  # Ray queues; the DAG bounds it
@@ -263,14 +145,18 @@ class RayBackend:
             node = self.cpu_nodes[self._next_cpu % len(self.cpu_nodes)]
             self._next_cpu += 1
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
+        only = self.nodes.get(run.key)
+        if only:  # Ray labels every node with its id; `in(...)` is a hard constraint
+            opts["label_selector"] = {NODE_ID_LABEL: f"in({','.join(sorted(only))})"}
         return opts
 
     def submit(self, run: StageRun, digests: Mapping[str, str]) -> Future[Outcome]:
         where = placement(self.plan, run)
-        spec = TaskSpec(self.plan.loaded, self.plan.toolchains, run.key, dict(digests),
-                        self.owner, self.force, where.pool,
+        spec = TaskSpec(self.plan.loaded, self.toolchains.get(run.key, self.plan.toolchains),
+                        run.key, dict(digests), self.owner, self.force, where.pool,
                         None if where.pool == CPU_POOL else where.pool,
-                        self.probed.get(where.pool, frozenset()))
+                        self.nodes.get(run.key) or self.probed.get(where.pool, frozenset()),
+                        source=self.plan.source)
         future: Future[Outcome] = Future()
         future.set_running_or_notify_cancel()
         timeout = stage_timeout(self.plan.loaded.recipe, run) + self.grace_s
@@ -336,7 +222,7 @@ class RayBackend:
         if unstarted and now - self._polled >= 1.0:
             self._polled = now
             with self.ctx.registry.session(readonly=True) as session:
-                rows = records.get_stage_runs(session, set(unstarted))
+                rows = leases.get_stage_runs(session, set(unstarted))
             for key, row in rows.items():
                 if row.owner == self.owner:  # ours, on a node: its clock starts now
                     task = unstarted[key]
@@ -401,15 +287,15 @@ class RayBackend:
     def _failed(self, task: _Task, why: str) -> Outcome:
         run = task.run
         with contextlib.suppress(EnginectlError), self.ctx.registry.session() as session:
-            records.release_lease(session, run.key, owner=self.owner, status="failed",
-                                  error=why[:2000])
+            leases.release_lease(session, run.key, owner=self.owner, status="failed",
+                                 error=why[:2000])
         return Outcome(run.stage, run.key, "failed", run.targets, node=task.node,
                        seconds=time.monotonic() - task.submitted, error=why)
 
     def _cancelled(self, task: _Task, why: str) -> None:
         run = task.run
         with contextlib.suppress(EnginectlError), self.ctx.registry.session() as session:
-            records.cancel_run(session, run.key, owner=self.owner, reason=why)
+            leases.cancel_run(session, run.key, owner=self.owner, reason=why)
         if not task.future.done():
             task.future.set_result(Outcome(run.stage, run.key, "cancelled", run.targets,
                                            seconds=time.monotonic() - task.submitted,

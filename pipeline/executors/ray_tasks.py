@@ -8,6 +8,16 @@
     kill_worker  the last step of stopping a task that answers no cancel (a frozen worker)
 
 Ray pickles these functions by reference, so every node needs the same enginectl.
+
+A run that asks Ray for no GPU sees none: Ray 2.60 sets CUDA_VISIBLE_DEVICES to a task's
+assigned GPU ids only when it has some (ray/_private/utils.py `set_visible_accelerator_ids`
+skips an empty list unless RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1, ray-project/ray#54868;
+NvidiaGPUAcceleratorManager.set_current_process_visible_accelerator_ids in
+ray/_private/accelerators/nvidia_gpu.py writes the ids, and writes nothing under
+RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES). A zero-GPU task would otherwise inherit the
+node's variable, every GPU, and its tools could take memory on GPUs a build or smoke holds.
+So `run_stage` empties it for the run when Ray assigned no GPU (and the node did not opt out
+with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES), and puts the worker's value back after.
 """
 
 from __future__ import annotations
@@ -19,21 +29,28 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import ray
 
+from pipeline.executors.groups import CPU_POOL_IGNORES
 from pipeline.executors.outcome import Outcome
 from pipeline.executors.pools import CPU_POOL
-from pipeline.plan import Plan, plan_recipe
-from pipeline.recipe import LoadedRecipe
+from pipeline.host.guard import signal_group
+from pipeline.planning.plan import Plan, plan_recipe
+from pipeline.planning.source import ModelSource
+from pipeline.planning.toolchain import PoolToolchains, for_build
+from pipeline.recipe.reader import LoadedRecipe
 from pipeline.settings import Settings
-from pipeline.toolchain import PoolToolchains, for_build
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.errors import UsageError
+
+CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
+NOSET: Final = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray leaves the variable alone
 
 
 def _node() -> dict[str, str]:
@@ -42,11 +59,11 @@ def _node() -> dict[str, str]:
 
 def probe_node() -> dict[str, Any]:
     """The toolchain probe on this node (what `enginectl toolchain --json` prints here)."""
-    from pipeline.toolchain import probe
+    from pipeline.planning.toolchain import probe
 
-    found = probe(Settings.from_env().python, os.environ.get("ENGINECTL_IMAGE_DIGEST"))
+    found = probe(Settings.from_env())  # this node's own Pythons, nvidia-smi and image digest
     return {**_node(), "toolchain": found.toolchain.as_dict(), "gpu_name": found.gpu_name,
-            "gpu_count": found.gpu_count, "note": found.note}
+            "gpu_count": found.gpu_count, "note": found.note, "sources": dict(found.sources)}
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,7 @@ class TaskSpec:
     pool: str
     local_gpu: str | None  # the SKU of the node it runs on (the pool's), for smoke runs
     probed: frozenset[str] = frozenset()  # nodes of the pool whose probe keyed the plan
+    source: ModelSource = field(kw_only=True)  # the driver's: the same commit keys both
 
 
 _plans: dict[tuple[str, ...], Plan] = {}
@@ -70,12 +88,12 @@ _cache_lock = threading.Lock()
 
 
 def _plan_for(spec: TaskSpec, settings: Settings) -> Plan:
-    key = (spec.loaded.digest, str(spec.loaded.source_digest), str(spec.loaded.revision),
+    key = (spec.loaded.digest, repr(spec.source),
            json.dumps(spec.toolchains.as_dict(), sort_keys=True), str(settings))
     with _cache_lock:
         plan = _plans.get(key)
     if plan is None:
-        plan = plan_recipe(spec.loaded, settings, spec.toolchains)
+        plan = plan_recipe(spec.loaded, settings, spec.toolchains, source=spec.source)
         with _cache_lock:
             if len(_plans) > 8:
                 _plans.clear()
@@ -93,9 +111,9 @@ def _context() -> Context:
 
 def _late_node(spec: TaskSpec, plan: Plan, settings: Settings) -> str | None:
     """Why this node, which joined its pool after the probe, cannot run for this plan."""
-    from pipeline.toolchain import probe
+    from pipeline.planning.toolchain import probe
 
-    found = probe(settings.python, os.environ.get("ENGINECTL_IMAGE_DIGEST")).toolchain
+    found = probe(settings).toolchain
     if spec.pool not in (CPU_POOL, found.gpu):
         return f"this node's nvidia-smi reports {found.gpu or 'no GPU'}, not {spec.pool}"
     try:
@@ -103,44 +121,67 @@ def _late_node(spec: TaskSpec, plan: Plan, settings: Settings) -> str | None:
     except UsageError as exc:
         return str(exc)
     pool = spec.toolchains.for_gpu(spec.pool).as_dict()
-    ignored = {"gpu", "sm"} | ({"driver", "cuda"} if spec.pool == CPU_POOL else set())
+    ignored = {"gpu", "sm"} | (set(CPU_POOL_IGNORES) if spec.pool == CPU_POOL else set())
     differ = [f"{k} {here[k]} (pool {pool[k]})" for k in here
               if k not in ignored and here[k] != pool[k]]
     return f"this node has {', '.join(differ)}" if differ else None
 
 
-def _children_of(pid: int) -> list[int]:
+def _kill_children_of(pid: int) -> None:
+    """SIGKILL the process group of each child of *pid* (the runner makes every child the
+    leader of its own group)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError, ValueError):
             found += [int(p) for p in (task / "children").read_text().split()]
-    return found
+    for child in found:
+        signal_group(child, signal.SIGKILL)
 
 
 def _stop_children() -> None:
     """Stop every process group this worker started (a cancel may land while the runner is
     between its own SIGTERM and SIGKILL, which would leave a tool running)."""
-    from pipeline.executors.runner import stop_all
-    from pipeline.smoke import stop_all as stop_servers
+    from pipeline.host.runner import stop_all
+    from pipeline.serving.smoke import stop_all as stop_servers
 
     stop_all()
     stop_servers()
-    for child in _children_of(os.getpid()):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signal.SIGKILL)
+    _kill_children_of(os.getpid())
 
 
 def kill_worker(pid: int) -> None:
     """On a node: kill a worker that answers no cancel (frozen), and its tools' groups."""
-    for child in _children_of(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signal.SIGKILL)
+    _kill_children_of(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _gpus_ray_assigned() -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES empty while a task Ray gave no GPU runs (module doc)."""
+    opted_out = os.environ.get(NOSET, "").lower() in ("1", "true")  # ray/_common env_bool
+    if opted_out or ray.get_runtime_context().get_accelerator_ids().get("GPU"):
+        yield  # Ray has set it to the task's ids (or the node manages it itself)
+        return
+    saved = os.environ.get(CUDA_VISIBLE_DEVICES)
+    os.environ[CUDA_VISIBLE_DEVICES] = ""
+    try:
+        yield
+    finally:  # the worker process runs later tasks: leave it as Ray started it
+        if saved is None:
+            os.environ.pop(CUDA_VISIBLE_DEVICES, None)
+        else:
+            os.environ[CUDA_VISIBLE_DEVICES] = saved
+
+
 def run_stage(spec: TaskSpec) -> Outcome:
-    """One stage run on this node, through the StageWorker every executor uses."""
+    """One stage run on this node, through the StageWorker every executor uses; with no GPU
+    visible when Ray assigned it none."""
+    with _gpus_ray_assigned():
+        return _run_stage(spec)
+
+
+def _run_stage(spec: TaskSpec) -> Outcome:
     from pipeline.executors.stage import StageWorker
 
     started = time.monotonic()

@@ -4,17 +4,19 @@
              builder means wait for it and reuse its result; an expired one is taken over
     run      materialise the inputs (this process's own outputs, else a fetch from the store
              through the cache), run the stage (external programs through the runner),
-             validate its output; the lease's heartbeat (`registry.heartbeat`) renews it
-             meanwhile, and when the lease is lost (taken over, or the registry out of reach
-             until little of it was left) the run's children are stopped and the run fails
-             with why, nothing of it published
+             validate its output; the lease's heartbeat renews it meanwhile, and when the
+             lease is lost the run's children are stopped and the run fails with why,
+             nothing of it published (`pipeline.executors.leaseguard`)
     publish  blobs, manifest, one registry transaction; release the lease with the run's log
              (stored as a blob)
 
 A smoke run serves the entry or engine with its real server: `ready` on a pass, `quarantined`
 on a failure, or left `built` with the reason when this machine lacks its GPU or runtime
 (checked before the server starts, and read from a server that dies because its runtime is
-missing: an error of this machine is never blamed on the artifact).
+missing: an error of this machine is never blamed on the artifact). An engine build or a
+smoke run that needs more GPUs of its SKU than this machine has (tp × pp,
+`pipeline.planning.capacity`) fails before it starts, with no lease taken and nothing
+recorded: the artifact's status stays as it was.
 
 Ctrl-C (`cancel`): the run's children are stopped, its lease is released `cancelled`, its
 partial output is removed and nothing of it is published. A published output leaves the work
@@ -35,17 +37,19 @@ from pathlib import Path
 from typing import Final, Literal
 
 from pipeline.errors import StageError
+from pipeline.executors.leaseguard import LeaseGuard
 from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
-from pipeline.executors.runner import CANCEL_GRACE_S, stop_logging_to
+from pipeline.executors.work import StageJob, run_stage
 from pipeline.executors.workdirs import WorkDirs
-from pipeline.plan import Plan, StageRun
+from pipeline.planning.capacity import on_this_node, run_need, shortfall
+from pipeline.planning.plan import Plan, StageRun
 from pipeline.settings import Settings
-from pipeline.stages.work import StageJob, run_stage
-from registry import history, logs, records
+from registry import logs
 from registry.context import Context
-from registry.fetch import fetch_manifest, load_manifest
-from registry.heartbeat import Heartbeat
-from registry.publish import publish
+from registry.ops.fetch import load_manifest
+from registry.ops.fetch_files import fetch_manifest
+from registry.ops.publish import publish
+from registry.sql import history, leases, records
 
 RunStatus = Literal["succeeded", "failed", "cancelled"]
 CANCELLED: Final = "cancelled by Ctrl-C; its partial output was removed"
@@ -65,11 +69,11 @@ def lookup(ctx: Context, keys: set[str]) -> dict[str, records.ArtifactRecord]:
 
 
 def reused(ctx: Context, run: StageRun, record: records.ArtifactRecord,
-           previous: records.StageRunRecord | None = None) -> Outcome:
+           previous: leases.StageRunRecord | None = None) -> Outcome:
     """The outcome of reusing *record* for *run*, with the time its original run took."""
     if previous is None:
         with ctx.registry.session(readonly=True) as session:
-            previous = records.get_stage_run(session, run.key)
+            previous = leases.get_stage_run(session, run.key)
     saved = 0.0
     if previous is not None and previous.finished_at is not None:
         saved = (previous.finished_at - previous.started_at).total_seconds()
@@ -84,9 +88,13 @@ class StageWorker:
     def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
                  force: bool = False, local_gpu: str | None = None,
                  stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot,
-                 keep_work: bool = False, node_id: str | None = None) -> None:
+                 keep_work: bool = False, node_id: str | None = None,
+                 gpu_count: int | None = None) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
         self.owner, self.force, self.local_gpu = owner, force, local_gpu
+        self.gpu_count = gpu_count
+        """How many GPUs of `local_gpu` this machine has (None: not judged here, as on a Ray
+        node, whose placement asked for them)."""
         self.node_id = node_id  # the Ray node this runs on, recorded on the stage-run row
         self.stop = stop or threading.Event()
         self.cancel = threading.Event()
@@ -104,6 +112,8 @@ class StageWorker:
                 return Outcome(run.stage, run.key, "cancelled", run.targets, error=CANCELLED)
             if run.stage == "smoke":
                 return self._smoke(run, digests, started)
+            if (refused := self._too_few_gpus(run)) is not None:
+                return refused
             digest, built = self._leased(run, digests)
         except StageError as exc:
             cancelled = self.cancel.is_set()
@@ -120,19 +130,33 @@ class StageWorker:
         return Outcome(run.stage, run.key, "built", run.targets, digest=digest,
                        seconds=time.monotonic() - started)
 
+    def _too_few_gpus(self, run: StageRun, entry: str | None = None) -> Outcome | None:
+        """The failure of *run* when this machine has fewer GPUs of its SKU than it needs:
+        this machine's fault, found before anything starts or is recorded."""
+        need = run_need(self.plan, run)
+        if need is None or self.gpu_count is None:
+            return None
+        short = shortfall(need, on_this_node(self.local_gpu, self.gpu_count))
+        if short is None:
+            return None
+        return Outcome(run.stage, run.key, "failed", run.targets, digest=entry,
+                       error=str(short))
+
     def _smoke(self, run: StageRun, digests: Mapping[str, str], started: float) -> Outcome:
-        from pipeline.stages.smoke import unavailable
+        from pipeline.serving.smoke_here import unavailable
 
         entry = digests[run.inputs[0]]
         with self.ctx.registry.session(readonly=True) as session:
             record = records.get_artifact(session, entry)
-            previous = records.get_stage_run(session, run.key)
-        if record is not None and record.status == "ready" and previous is not None \
-                and previous.status == "succeeded" and not self.force:
+            previous = leases.get_stage_run(session, run.key)
+        if record is not None and record.status in ("ready", "superseded") \
+                and previous is not None and previous.status == "succeeded" and not self.force:
             return Outcome(run.stage, run.key, "reused", run.targets, digest=entry)
         reason = unavailable(run, self.settings, self.local_gpu)
         if reason is not None:
             return self._awaits_smoke(run, entry, record, reason)
+        if (refused := self._too_few_gpus(run, entry)) is not None:
+            return refused
         served = self._served_digests(run, digests)
         argv = run.make_argv(lambda key: self._input_dir(key, served), run.workdir / "out")
         if argv is None:
@@ -140,7 +164,7 @@ class StageWorker:
         verdict = self._smoke_lease(run, entry)  # records who smoked it, and when
         if verdict is not None:
             return verdict
-        guard = _LeaseGuard(self, run)
+        guard = self._guard(run)
         try:
             return self._judge(run, entry, record, argv, started, guard=guard)
         except BaseException as exc:
@@ -152,10 +176,10 @@ class StageWorker:
             guard.end()
 
     def _judge(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
-               argv: list[str], started: float, *, guard: _LeaseGuard) -> Outcome:
+               argv: list[str], started: float, *, guard: LeaseGuard) -> Outcome:
         """Serve *entry* with *argv* under the smoke run's lease, and record the verdict
         (none when the lease was lost meanwhile: the server was stopped under it)."""
-        from pipeline.stages.smoke import machine_fault, run_smoke
+        from pipeline.serving.smoke_here import machine_fault, record_verdict, run_smoke
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
@@ -177,12 +201,8 @@ class StageWorker:
         if fault is not None:  # the server died for want of its runtime, not the artifact
             self._release(run, "failed", None, error=fault)
             return self._awaits_smoke(run, entry, record, fault)
-        history.record_smoke(
-            self.ctx, entry, report.passed, report.as_dict(),
-            status="ready" if report.passed else "quarantined",
-            reason=None if report.passed else f"smoke failed: {report.failure}",
-            log=self._log(run), gpu=target.gpu.sku, toolchain=dict(run.toolchain),
-            key=run.key)
+        record_verdict(self.ctx, entry, report, log=self._log(run), gpu=target.gpu.sku,
+                       toolchain=dict(run.toolchain), key=run.key)
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started
@@ -198,9 +218,9 @@ class StageWorker:
         waited = False
         while True:
             with self.ctx.registry.session() as session:
-                got = records.try_acquire_lease(session, run.key, owner=self.owner,
-                                                host=socket.gethostname(), pid=os.getpid(),
-                                                ttl_s=self.lease_ttl_s, node_id=self.node_id)
+                got = leases.try_acquire_lease(session, run.key, owner=self.owner,
+                                               host=socket.gethostname(), pid=os.getpid(),
+                                               ttl_s=self.lease_ttl_s, node_id=self.node_id)
             if got and not waited:
                 return None
             if got:  # the other builder finished: its verdict, not a second smoke
@@ -228,9 +248,9 @@ class StageWorker:
         while True:
             asked = time.monotonic()
             with self.ctx.registry.session() as session:
-                got = records.try_acquire_lease(session, run.key, owner=self.owner, host=host,
-                                                pid=os.getpid(), ttl_s=self.lease_ttl_s,
-                                                node_id=self.node_id)
+                got = leases.try_acquire_lease(session, run.key, owner=self.owner, host=host,
+                                               pid=os.getpid(), ttl_s=self.lease_ttl_s,
+                                               node_id=self.node_id)
             if got:
                 break
             found = lookup(self.ctx, {run.key}).get(run.key)
@@ -243,7 +263,7 @@ class StageWorker:
         if found is not None:  # it finished between our lookup and the lease
             self._release(run, "succeeded", found.digest)
             return found.digest, False
-        guard = _LeaseGuard(self, run, taken_at=asked)
+        guard = self._guard(run, taken_at=asked)
         try:
             digest = self._build(run, digests, guard)
         except BaseException as exc:
@@ -296,6 +316,11 @@ class StageWorker:
     def _log(self, run: StageRun) -> Path:
         return run.workdir / f"{run.stage}.log"
 
+    def _guard(self, run: StageRun, *, taken_at: float | None = None) -> LeaseGuard:
+        """The heartbeat of *run*'s lease, which this builder holds from now on."""
+        return LeaseGuard(self.ctx.registry, run, owner=self.owner, ttl_s=self.lease_ttl_s,
+                          log=self._log(run), taken_at=taken_at)
+
     def _input_dir(self, key: str, digests: Mapping[str, str]) -> Path:
         """A local directory with the files of input *key*: this process's output, or a
         fetch from the store (through the cache, so it is free the second time)."""
@@ -310,7 +335,7 @@ class StageWorker:
         self.workdirs.fetched(key, target)
         return target
 
-    def _build(self, run: StageRun, digests: Mapping[str, str], guard: _LeaseGuard) -> str:
+    def _build(self, run: StageRun, digests: Mapping[str, str], guard: LeaseGuard) -> str:
         with self.gpu_slot(run.gpu):
             guard.check()
             job = StageJob(
@@ -329,47 +354,6 @@ class StageWorker:
         )
         self.workdirs.published(run, result.directory, published.manifest)
         return published.digest
-
-
-class _LeaseGuard:
-    """The heartbeat of one run's lease. When the lease is lost it notes why in the run's
-    log and stops the run's children (those logging to the run's log) until the run ends,
-    also those started after the loss; the run then fails with `error()`."""
-
-    def __init__(self, worker: StageWorker, run: StageRun, *,
-                 taken_at: float | None = None) -> None:
-        self.run, self.log = run, worker._log(run)
-        self.ended = threading.Event()
-        self.heartbeat = Heartbeat(worker.ctx.registry, run.key, owner=worker.owner,
-                                   ttl_s=worker.lease_ttl_s, on_lost=self._lost,
-                                   taken_at=taken_at).start()
-
-    @property
-    def lost(self) -> str | None:
-        return self.heartbeat.lost
-
-    def _lost(self, reason: str) -> None:
-        with contextlib.suppress(OSError), self.log.open("ab") as log:
-            log.write(f"\nenginectl: {reason}; stopping this run\n".encode())
-        while True:
-            stop_logging_to(self.log, CANCEL_GRACE_S)
-            if self.ended.wait(0.2):
-                return
-
-    def error(self) -> StageError:
-        return StageError(self.run.stage, self.run.key,
-                          f"{self.lost}; this run was stopped and published nothing",
-                          target=self.run.targets[0] if self.run.targets else None,
-                          log_path=self.log)
-
-    def check(self) -> None:
-        """Raise `error()` once the lease is lost."""
-        if self.lost is not None:
-            raise self.error()
-
-    def end(self) -> None:
-        self.ended.set()
-        self.heartbeat.stop()
 
 
 def _remove_partial(run: StageRun) -> None:

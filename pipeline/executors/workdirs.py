@@ -19,9 +19,9 @@ import shutil
 import threading
 from pathlib import Path
 
-from pipeline.plan import Plan, StageRun
-from registry.manifest import Manifest
-from registry.store import Store
+from pipeline.planning.plan import Plan, StageRun
+from registry.identity.manifest import Manifest
+from registry.store.base import Store
 
 
 def readers(plan: Plan) -> dict[str, set[str]]:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.plan import Plan
-from pipeline.toolchain import FIELDS
+from pipeline.planning.plan import Plan
+from pipeline.planning.toolchain import FIELDS
 
 
 @dataclass(frozen=True, slots=True)

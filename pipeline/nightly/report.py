@@ -5,27 +5,30 @@ text for the terminal, one self-contained HTML page (`--html`, in the style of `
 
 from __future__ import annotations
 
-import html
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from pipeline.compare import PAGE_CSS
-from pipeline.keys import short_key
-from pipeline.nightly.run import NightlyReport, TargetReport
-from pipeline.promote import Level
+from pipeline.nightly.verdict import VERDICTS, NightlyReport, TargetReport, ordered
+from pipeline.planning.keys import short_key
+from pipeline.serving.compare_html import PAGE_CSS, escape, write_page
+from pipeline.serving.promote import Level
 from pipeline.settings import NOTIFY_TIMEOUT_DEFAULT_S
-from registry.errors import UsageError
 
 
 def _time(value: Any) -> str | None:
     return None if value is None else f"{value:%Y-%m-%d %H:%M:%S} UTC"
 
 
+def _alarm(report: NightlyReport) -> str:
+    """The toolchain regressions, one sentence each (what the summary leads with)."""
+    return " ".join(f"TOOLCHAIN REGRESSION: {r['recipe']} {r['target']}"
+                    + (" (incumbent)" if r["role"] == "incumbent" else "")
+                    + f": {r['text']}." for r in report.regressions)
+
+
 def paragraph(report: NightlyReport) -> str:
-    """One paragraph for a chat webhook (Slack's `text`)."""
+    """One paragraph for a chat webhook (Slack's `text`); toolchain regressions first."""
     if report.nothing_changed:
         since = _time(report.since)
         return "enginectl nightly: nothing changed" + (f" since {since}." if since else ".")
@@ -33,19 +36,25 @@ def paragraph(report: NightlyReport) -> str:
     for pool in report.pools:
         if pool.changes:
             parts.append(f"{pool.gpu or pool.pool}: " + ", ".join(str(c) for c in pool.changes))
-    targets = [t for r in report.recipes for t in r.targets]
+    targets = report.targets
     verdicts: dict[str, int] = {}
     for target in targets:
         verdicts[target.verdict] = verdicts.get(target.verdict, 0) + 1
     moved = [p for t in targets for p in t.promotions if p.action == "promoted"]
     held = [p for t in targets for p in t.promotions if p.action == "held"]
     text = "enginectl nightly" + (" (dry run)" if report.dry_run else "") + ": "
+    if report.regressions:
+        text += _alarm(report) + " "
     text += ("; ".join(parts) + ". ") if parts else "no toolchain change. "
-    text += ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())) or "no target changed"
+    text += ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(),
+                                                     key=lambda i: VERDICTS.index(i[0]))) \
+        or "no target changed"
     text += f"; {len(moved)} aliases promoted, {len(held)} held"
     failures = [f for f in report.failures if f.get("outcome") != "held"]
     if failures:
         text += f"; {len(failures)} failed"
+    if targets and verdicts.keys() == {"skipped"}:
+        text += "; every target skipped: this machine lacks their GPUs"
     return text + f". Exit {report.exit_code}."
 
 
@@ -61,6 +70,7 @@ def as_json(report: NightlyReport) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "pools": [p.as_dict() for p in report.pools],
         "recipes": [r.as_dict() for r in report.recipes],
+        "regressions": report.regressions,
         "failures": report.failures,
         "notify": report.notify,
         "text": paragraph(report),
@@ -71,26 +81,38 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _ms(seconds: float | None) -> str:
+    """A time in milliseconds, to 3 significant digits or whole ms (`0.42`, `12.3`, `250`)."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
 
 
 def _level_line(level: Level) -> str:
     return (f"c={level.concurrency:<4} {_rate(level.old_tokens_per_s):>8} → "
             f"{_rate(level.new_tokens_per_s):<8} tok/s   TTFT p50 "
-            f"{_seconds(level.old_ttft_p50_s)} → {_seconds(level.new_ttft_p50_s)} s"
+            f"{_ms(level.old_ttft_p50_s)} → {_ms(level.new_ttft_p50_s)} ms"
             + ("   REGRESSED" if level.regressed else ""))
 
 
 def _target_lines(target: TargetReport) -> list[str]:
-    lines = [f"  {target.id}: {target.verdict}"]
+    detail = target.detail
+    lines = [f"  {target.id}: {target.verdict}" + (f" ({detail})" if detail else "")]
+    if target.evidence and target.verdict not in ("unchanged", "skipped"):
+        lines.append(f"    evidence: {target.evidence}")
     for stage in target.stages:
         lines.append(f"    {stage.stage:<8} {short_key(stage.key)}  {stage.outcome:<13} "
                      f"{'; '.join(stage.because)}"
                      + (f"  → {stage.digest[:19]}…" if stage.digest else ""))
         if stage.error and stage.outcome not in ("built", "reused"):
             lines.append(f"      {stage.error}" + (f" (log {stage.log})" if stage.log else ""))
-    lines += [f"    {_level_line(level)}" for level in target.levels]
+    for regression in target.regressions:
+        lines.append(f"    REGRESSED {regression.role} {regression.digest[:19]}… "
+                     f"({regression.cause}), its last proof → now:")
+        lines += [f"      {_level_line(level)}" for level in regression.levels]
+    if not target.regressions:
+        lines += [f"    {_level_line(level)}" for level in target.levels]
     for promotion in target.promotions:
         old = promotion.old[:19] + "…" if promotion.old else "nothing"
         new = promotion.new[:19] + "…" if promotion.new else "-"
@@ -104,7 +126,7 @@ def _target_lines(target: TargetReport) -> list[str]:
 def text_lines(report: NightlyReport) -> list[str]:
     if report.nothing_changed:
         return [paragraph(report).removeprefix("enginectl nightly: ")]
-    lines = []
+    lines = [_alarm(report)] if report.regressions else []
     for pool in report.pools:
         if pool.changes:
             lines.append(f"{pool.gpu or pool.pool} ({pool.pool}): "
@@ -114,13 +136,13 @@ def text_lines(report: NightlyReport) -> list[str]:
         else:
             lines.append(f"{pool.gpu or pool.pool} ({pool.pool}): unchanged")
     for recipe in report.recipes:
-        if not recipe.targets and not recipe.error:
+        if all(t.verdict == "unchanged" for t in recipe.targets) and not recipe.error:
             lines.append(f"{recipe.name}: nothing to do")
             continue
         lines.append(f"{recipe.name} ({recipe.path}):")
         if recipe.error:
             lines.append(f"  FAILED {recipe.error}")
-        for target in recipe.targets:
+        for target in ordered(recipe.targets):
             lines += _target_lines(target)
     failures = report.failures
     if failures:
@@ -135,70 +157,97 @@ def text_lines(report: NightlyReport) -> list[str]:
     return lines
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+PAGE_WIDTH_PX: Final = 1280
+"""The page fits a window this wide: cells wrap, nothing scrolls sideways."""
+
+_NIGHTLY_CSS: Final = """
+body { max-width: 1232px; }
+table.targets, table#pools { table-layout: fixed; width: 100%; }
+table.targets td, table#pools td { white-space: normal; overflow-wrap: anywhere;
+  vertical-align: top; text-align: left; }
+table.targets th, table#pools th { white-space: normal; text-align: left; }
+table.targets td.num { text-align: right; white-space: nowrap; }
+table.targets col.target { width: 22%; } table.targets col.verdict { width: 9%; }
+table.targets col.detail { width: 27%; } table.targets col.num { width: 13%; }
+table.targets col.aliases { width: 16%; }
+tr[data-verdict="regressed"] td, tr[data-verdict="failed"] td { background: #fde8e8; }
+tr[data-verdict="held"] td { background: #fff4d6; }
+td details { font-size: 12px; color: #444; }
+"""
+
+
+def _link(target: TargetReport) -> str:
+    """The verdict, linked to the log or smoke report log it came from (when there is one)."""
+    verdict = escape(target.verdict)
+    if not target.evidence:
+        return f"<b>{verdict}</b>"
+    href = escape(Path(target.evidence).as_uri())
+    return f'<a class="evidence" href="{href}"><b>{verdict}</b></a>'
+
+
+def _target_row(target: TargetReport) -> str:
+    regression = target.regressions[0] if target.regressions else None
+    levels = regression.levels if regression else target.levels or next(
+        (p.levels for p in target.promotions if p.levels), [])
+    rates = "<br>".join(f"c={lv.concurrency}: {_rate(lv.old_tokens_per_s)} → "
+                        f"{_rate(lv.new_tokens_per_s)}" for lv in levels) or "-"
+    ttfts = "<br>".join(f"c={lv.concurrency}: {_ms(lv.old_ttft_p50_s)} → "
+                        f"{_ms(lv.new_ttft_p50_s)}" for lv in levels) or "-"
+    aliases = "<br>".join(f"{escape(p.action)} {escape(p.alias)}: {escape(p.reason)}"
+                          for p in target.promotions) or "-"
+    stages = "<br>".join(
+        f"{escape(s.stage)} {escape(short_key(s.key))} {escape(s.outcome)}: "
+        f"{escape('; '.join(s.because))}"
+        for s in target.stages)
+    detail = escape(target.detail)
+    if stages:
+        detail += f"<details><summary>stages</summary>{stages}</details>"
+    return (f'<tr class="target" data-verdict="{escape(target.verdict)}">'
+            f"<td>{escape(target.id)}</td><td>{_link(target)}</td><td>{detail or '-'}</td>"
+            f'<td class="num">{rates}</td><td class="num">{ttfts}</td>'
+            f"<td>{aliases}</td></tr>")
 
 
 def render_html(report: NightlyReport) -> str:
-    """One self-contained page: no scripts, fonts or URLs."""
+    """One self-contained page that fits `PAGE_WIDTH_PX`: no scripts, fonts or URLs but
+    the file links to each verdict's log. Per recipe, regressions, failures and holds
+    first; times in ms."""
     title = "enginectl nightly " + (_time(report.started_at) or "")
-    summary = f'<p class="note" id="summary">{_e(paragraph(report))}</p>'
+    summary = f'<p class="note" id="summary">{escape(paragraph(report))}</p>'
     pools = ('<table id="pools"><thead><tr><th>pool</th><th>GPU</th><th>changes</th></tr>'
              "</thead><tbody>")
-    body = [f"<h1>{_e(title)}</h1>", summary, "<h2>Pools</h2>", pools]
+    body = [f"<h1>{escape(title)}</h1>", summary, "<h2>Pools</h2>", pools]
     for pool in report.pools:
         changes = ", ".join(str(c) for c in pool.changes) or (
             "first probe" if pool.before is None else "unchanged")
-        body.append(f'<tr class="pool"><td>{_e(pool.pool)}</td><td>{_e(pool.gpu or "-")}</td>'
-                    f"<td>{_e(changes)}</td></tr>")
+        body.append(f'<tr class="pool"><td>{escape(pool.pool)}</td>'
+                    f'<td>{escape(pool.gpu or "-")}</td>'
+                    f"<td>{escape(changes)}</td></tr>")
     body.append("</tbody></table>")
     for recipe in report.recipes:
-        body.append(f"<h2>{_e(recipe.name)}</h2>")
+        body.append(f"<h2>{escape(recipe.name)}</h2>")
         if recipe.error:
-            body.append(f'<p class="failure">{_e(recipe.error)}</p>')
+            body.append(f'<p class="failure">{escape(recipe.error)}</p>')
         if not recipe.targets:
             body.append("<p>Nothing to do.</p>")
             continue
-        body.append('<div class="wide"><table class="targets"><thead><tr><th class="label">'
-                    "target</th><th>verdict</th><th>stages</th><th>tok/s old → new</th>"
-                    "<th>TTFT p50 s old → new</th><th>aliases</th></tr></thead><tbody>")
-        for target in recipe.targets:
-            stages = "<br>".join(
-                f"{_e(s.stage)} {_e(short_key(s.key))} {_e(s.outcome)}: {_e('; '.join(s.because))}"
-                for s in target.stages)
-            levels = target.levels or next((p.levels for p in target.promotions), [])
-            rates = "<br>".join(f"c={lv.concurrency}: {_rate(lv.old_tokens_per_s)} → "
-                                f"{_rate(lv.new_tokens_per_s)}" for lv in levels) or "-"
-            ttfts = "<br>".join(f"c={lv.concurrency}: {_rate(lv.old_ttft_p50_s)} → "
-                                f"{_rate(lv.new_ttft_p50_s)}" for lv in levels) or "-"
-            aliases = "<br>".join(f"{_e(p.action)} {_e(p.alias)}: {_e(p.reason)}"
-                                  for p in target.promotions) or "-"
-            body.append(f'<tr class="target" data-verdict="{_e(target.verdict)}">'
-                        f'<td class="label">{_e(target.id)}</td><td>{_e(target.verdict)}</td>'
-                        f"<td>{stages}</td><td>{rates}</td><td>{ttfts}</td>"
-                        f"<td>{aliases}</td></tr>")
-        body.append("</tbody></table></div>")
+        body.append('<table class="targets"><colgroup><col class="target"><col class="verdict">'
+                    '<col class="detail"><col class="num"><col class="num"><col class="aliases">'
+                    '</colgroup><thead><tr><th>target</th><th>verdict</th><th>why</th>'
+                    "<th>tok/s old → new</th><th>TTFT p50 ms old → new</th><th>aliases</th>"
+                    "</tr></thead><tbody>")
+        body += [_target_row(target) for target in ordered(recipe.targets)]
+        body.append("</tbody></table>")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title>", f"<style>{PAGE_CSS}</style></head><body>", *body,
-        "</body></html>", ""])
+        f'<meta name="viewport" content="width={PAGE_WIDTH_PX}">',
+        f"<title>{escape(title)}</title>", f"<style>{PAGE_CSS}{_NIGHTLY_CSS}</style></head><body>",
+        *body, "</body></html>", ""])
 
 
 def write_html(report: NightlyReport, path: Path) -> Path:
     """Write `render_html(report)` to *path* atomically; the absolute path written."""
-    path = path.resolve()
-    if not path.parent.is_dir():
-        raise UsageError(f"--html {path}: directory {path.parent} does not exist")
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(render_html(report))
-        Path(temp).chmod(0o644)
-        Path(temp).replace(path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_page(path, lambda: render_html(report))
 
 
 def notify_url_problem(url: str) -> str | None:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.recipe import BuildSettings, KvCacheDtype, Quant, Shape
+from pipeline.recipe.fields import KvCacheDtype, Quant
+from pipeline.recipe.matrix import Shape
+from pipeline.recipe.schema import BuildSettings
 
 # The quantizations whose checkpoints TRT-LLM gives FP8 context FMHA: QuantAlgo.FP8, W4A8_AWQ
 # and NVFP4 (builder.py build() and optimize_model_with_config()).

@@ -1,6 +1,6 @@
 """quantize: NVIDIA modelopt post-training quantization → TRT-LLM checkpoint or unified HF.
 
-The program is enginectl's own modelopt driver (`python -m pipeline.quantizer`), whose flags
+The program is enginectl's own modelopt driver (`python -m pipeline.stages.quantizer`), whose flags
 are a strict subset of TensorRT-LLM's `examples/quantization/quantize.py`, spelled the same,
 so one argv reads the same to anyone who knows that script.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pipeline.recipe import Calibration, KvCacheDtype, ModelDtype, Quant
+from pipeline.recipe.fields import KvCacheDtype, ModelDtype, Quant
+from pipeline.recipe.schema import Calibration
 
 Export = Literal["trtllm", "hf"]
 
@@ -46,7 +47,7 @@ def quantize_argv(
     pp: int,
 ) -> list[str]:
     argv = [
-        python, "-m", "pipeline.quantizer",
+        python, "-m", "pipeline.stages.quantizer",
         "--model_dir", str(model_dir),
         "--dtype", "float16" if quant == "fp16" else dtype,
         "--qformat", QFORMAT[quant],

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import StageError
-from pipeline.recipe import LoadedRecipe, local_source_dir
+from pipeline.recipe.reader import LoadedRecipe, local_source_dir
+from pipeline.stages.hub import HubError, download
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
@@ -32,21 +33,19 @@ def check_checkpoint(root: Path, key: str) -> None:
                 )
 
 
-def snapshot(loaded: LoadedRecipe, out_dir: Path, key: str) -> Path:
-    """The directory holding the source checkpoint (a local source is used in place)."""
+def snapshot(loaded: LoadedRecipe, revision: str | None, out_dir: Path, key: str) -> Path:
+    """The directory holding the source checkpoint (a local source is used in place);
+    *revision*: the commit planning pinned a remote source to."""
     model = loaded.recipe.model
     if model.is_local:
         root = local_source_dir(loaded.recipe, loaded.base_dir)
     elif model.source.startswith("hf://"):
-        from huggingface_hub import snapshot_download
-
         repo = model.source.removeprefix("hf://")
         try:
-            root = Path(snapshot_download(repo_id=repo, revision=loaded.revision,
-                                          local_dir=out_dir))
-        except Exception as exc:  # hub and network errors have no common base worth naming
-            raise StageError("snapshot", key, f"cannot download {model.source}@{loaded.revision}: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            root = download(repo, revision, out_dir)
+        except HubError as exc:
+            raise StageError("snapshot", key, f"cannot download {model.source}@{revision}: "
+                             f"{exc.kind}: {exc.detail}") from exc
     else:
         root = _download_s3(model.source, out_dir, key)
     check_checkpoint(root, key)

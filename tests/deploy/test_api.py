@@ -6,13 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.compare import compare, write_html
 from pipeline.deploy.pull import Pulled, pull
-from registry.adopt import ImportSpec, import_artifact
+from pipeline.serving.compare import compare
+from pipeline.serving.compare_html import write_html
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.fetch import fetch
-from registry.publish import publish
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.fetch import fetch
+from registry.ops.publish import publish
 from tests.deploy import artifacts
 
 

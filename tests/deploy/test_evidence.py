@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compare import compare, render_table
-from registry import records
+from pipeline.serving.compare import compare, render_table
 from registry.context import Context
 from registry.errors import UnknownModelError
-from registry.evidence import evidence_for
 from registry.gpus import lookup_gpu
-from registry.resolve import Request, resolve
+from registry.ops.resolve import Request, resolve
+from registry.sql import smoke_records
+from registry.sql.evidence import evidence_for
 from tests.deploy import artifacts
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
@@ -41,9 +41,9 @@ def test_reports_record_where_they_ran_and_keep_the_best_per_gpu(
                                 (H100, False, 9000.0), (H100, True, 700.0), (H100, True, 300.0)):
         artifacts.smoked(ctx, entry, gpu, tokens, passed)
     with ctx.registry.session() as session:  # an old-style report: where is unknown
-        records.add_smoke_report(session, entry, True, {"best_output_tokens_per_s": 5000.0})
+        smoke_records.add_smoke_report(session, entry, True, {"best_output_tokens_per_s": 5000.0})
     with ctx.registry.session(readonly=True) as session:
-        reports = records.smoke_reports(session, entry)
+        reports = smoke_records.smoke_reports(session, entry)
         evidence = evidence_for(session, [entry, source])
     assert [(r.gpu, r.passed) for r in reports] == [
         (H100, True), ("CPU", True), (H100, False), (H100, True), (H100, True), (None, True)]
@@ -103,7 +103,7 @@ def test_cli_resolve_compare_ls_and_show_say_where_evidence_comes_from(
     engine = artifacts.engine(ctx, tmp_path / "engine")
     with ctx.registry.session() as session:
         for digest, gpu, tokens in ((entry, "CPU", 900.0), (engine, H100, 2000.0)):
-            records.add_smoke_report(session, digest, True, {
+            smoke_records.add_smoke_report(session, digest, True, {
                 "best_output_tokens_per_s": tokens, "ready_s": 1.0,
                 "load": [{"concurrency": 1, "output_tokens_per_s": tokens}]},
                 gpu=gpu, toolchain={"driver": "570.124.06", "vllm": "0.32.0"})

@@ -13,8 +13,8 @@ import pytest
 
 from registry.context import Context
 from registry.errors import UnreadyError
-from registry.fetch import fetch
-from registry.publish import publish
+from registry.ops.fetch import fetch
+from registry.ops.publish import publish
 from tests.deploy import artifacts
 from tests.helpers import stderr_of
 

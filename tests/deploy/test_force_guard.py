@@ -2,19 +2,16 @@
 user types it: `--force` replaces only a directory pull or fetch filled, or an empty one;
 the store, the cache, enginectl's home, $HOME, the working directory and every folder above
 them are refused in one line, exit 2, nothing touched; `-o` is a path, never a template; a
-name too long for the file system is one line, exit 2. A pull killed while it filled a
-mount point (a Kubernetes volume) does not block the next one. `serve` re-proves the files
-of its serving directory as the fetch cache proves its entries. On the file store and
-SQLite: what is tested is the target, not the store."""
+name too long for the file system is one line, exit 2. `serve` re-proves the files of its
+serving directory as the fetch cache proves its entries. On the file store and SQLite: what
+is tested is the target, not the store. A pull killed while it filled a mount point (a
+Kubernetes volume): test_force_volumes.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,53 +25,12 @@ from pipeline.deploy.serve import prepare, serving_dir
 from pipeline.deploy.target import SERVE_FILE
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.digest import digest_file, sha256_of
 from registry.errors import ManifestError
-from registry.layout import blob_key
-from registry.manifest import check_path
-from tests.helpers import stderr_of
-from tests.integration.test_registry_verbs import make_engine
+from registry.identity.digest import sha256_of
+from registry.identity.manifest import check_path
+from tests.deploy.user_cli import SERVER, run, snapshot
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
-SERVER = sys.executable  # stands in for trtllm-serve: pull writes it, never runs it
 LONG = "x" * 300
-
-
-def run(env: dict[str, str], *args: str, code: int = 0,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run enginectl; a failure is one error line (after the note naming the store)."""
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=cwd)
-    assert done.returncode == code, (args, done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr
-    if code:
-        error = stderr_of(done)
-        assert error.count("\n") == 1, done.stderr
-        assert error.startswith("enginectl: error: "), done.stderr
-    return done
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under *root* with its bytes (None for folders): what "untouched" means."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(root.rglob("*")) if not p.name.endswith(("-wal", "-shm"))}
-
-
-@pytest.fixture
-def user(tmp_path: Path) -> dict[str, str]:
-    """A user with two ready engines on the file store; its environment, with the digests
-    as ENGINE_A and ENGINE_B (not read by enginectl)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
-    env.update(ENGINECTL_HOME=str(tmp_path / "home"), ENGINECTL_CACHE_DIR=str(tmp_path / "cache"),
-               HOME=str(tmp_path / "user"), HF_HUB_OFFLINE="1")
-    (tmp_path / "user").mkdir()
-    (tmp_path / "work" / "sub").mkdir(parents=True)
-    for name, seed in (("A", 0), ("B", 1)):
-        engine = make_engine(tmp_path / f"engine-{name}", seed=seed)
-        done = run(env, "import", str(engine), "--kind", "trtllm-engine", "--model", "m",
-                   "--gpu", "h100", "--ready", "--json")
-        env[f"ENGINE_{name}"] = json.loads(done.stdout)["digest"]
-    return env
 
 
 @pytest.mark.parametrize("verb", ["pull", "fetch"])
@@ -154,7 +110,7 @@ def test_output_is_a_path_never_a_template(user: dict[str, str], tmp_path: Path)
     assert pulled["directory"] == str(dest)
     argv = pulled["argv"]
     assert argv[1] == str(dest)  # trtllm-serve's model directory, braces and all
-    assert argv[argv.index("--tokenizer") + 1] == str(dest)
+    assert argv[argv.index("--tokenizer") + 1] == str(dest / "tokenizer")
     assert argv[argv.index("--port") + 1] == "9005"
     assert json.loads((dest / SERVE_FILE).read_text())["model_dir"] == str(dest)
     assert shlex.split(pulled["command"]) == argv
@@ -262,158 +218,6 @@ def test_serve_re_proves_its_files_as_the_fetch_cache_does(
         assert rank0.stat().st_ino == inode
 
 
-def _in_namespace(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """*script* run by sh as root of a user and mount namespace (a tmpfs stands in for a
-    volume); skipped where user namespaces are not allowed."""
-    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                           script], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
-    if done.returncode != 0 and done.stderr.startswith("unshare:"):
-        pytest.skip(f"user namespaces are not allowed here: {done.stderr.strip()}")
-    return done
-
-
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_a_pull_killed_while_it_filled_a_volume_is_cleared_by_the_next_one(
-    user: dict[str, str], tmp_path: Path
-) -> None:
-    """An init container killed while it pulls into its volume is restarted: its next pull
-    runs as the same PID (1, in a fresh PID namespace) and finds the killed one's staging
-    directory inside the volume. The killed pull is stopped for certain by a blob of the
-    store that is a FIFO: its read blocks until the kill."""
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    weights = tmp_path / "engine-A" / "rank0.engine"
-    blob = tmp_path / "home" / "store" / blob_key(digest_file(weights).xxh3)
-    v, b = shlex.quote(str(volume)), shlex.quote(str(blob))
-    pull = f"unshare --pid --fork {ENGINECTL} pull {user['ENGINE_A']} -o {v} --executable {SERVER}"
-    script = f"""
-        set -e
-        mount -t tmpfs none {v}
-        mv {b} {b}.real && mkfifo {b}
-        {pull} & U=$!
-        i=0
-        until ls -A {v} | grep -q '^[.]volume[.]pull-'; do
-            i=$((i + 1)); [ $i -lt 1200 ] || exit 9; sleep 0.1
-        done
-        C=$(cat /proc/$U/task/$U/children)
-        kill -9 $C
-        wait $U || true
-        echo "left: $(ls -A {v} | tr '\\n' ' ')"
-        rm {b} && mv {b}.real {b}
-        {pull} --json
-        ls -A {v}
-    """
-    done = _in_namespace(script, user)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("left: .volume.pull-")  # what the kill left
-    assert json.loads(lines[1])["digest"] == user["ENGINE_A"]
-    assert sorted(lines[2:]) == sorted([MARKER, SERVE_FILE, "config.json", "rank0.engine",
-                                        "rank1.engine", "tokenizer"])
-
-
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_a_fill_of_a_volume_stopped_half_way_does_not_block_the_next_pull(
-    user: dict[str, str], tmp_path: Path
-) -> None:
-    """A volume (with the `lost+found` of its file system) is pulled into; a second pull
-    stops half way through moving the new files in (stood in for by a folder of the old
-    content that is itself a mount point, so removing it fails, as a kill would stop it):
-    `serve.json` is gone and only part of the old files. The next pull into it goes ahead,
-    and `lost+found` is left where it is."""
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    v = shlex.quote(str(volume))
-    pull = f"{ENGINECTL} pull --executable {SERVER} -o {v}"
-    script = f"""
-        set -e
-        mount -t tmpfs none {v}
-        mkdir {v}/lost+found
-        {pull} {user['ENGINE_A']} >/dev/null
-        mount -t tmpfs none {v}/tokenizer
-        if {pull} {user['ENGINE_B']} 2>/dev/null; then exit 8; fi
-        echo "left: $(ls -A {v} | tr '\\n' ' ')"
-        umount {v}/tokenizer
-        {pull} {user['ENGINE_B']} --json
-        ls -A {v}
-    """
-    done = _in_namespace(script, user)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    lines = done.stdout.strip().splitlines()
-    assert SERVE_FILE not in lines[0].split()  # the stopped pull left no serve.json
-    assert json.loads(lines[1])["digest"] == user["ENGINE_B"]
-    assert sorted(lines[2:]) == sorted([MARKER, SERVE_FILE, "config.json", "lost+found",
-                                         "rank0.engine", "rank1.engine", "tokenizer"])
-
-
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_fetch_force_into_a_volume_replaces_what_fetch_or_pull_put_there(
-    user: dict[str, str], tmp_path: Path
-) -> None:
-    """A volume (a mount point, with its `lost+found`) cannot be renamed over: `fetch -o`
-    fills it in place, and `fetch --force` replaces an earlier fetch or pull in it."""
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    v = shlex.quote(str(volume))
-    fetch = f"{ENGINECTL} fetch -o {v}"
-    script = f"""
-        set -e
-        mount -t tmpfs none {v}
-        mkdir {v}/lost+found
-        {fetch} {user['ENGINE_A']} >/dev/null
-        echo "A: $(cat {v}/{MARKER} | tr -d '\\n ')"
-        {fetch} {user['ENGINE_B']} --force >/dev/null
-        echo "B: $(cat {v}/{MARKER} | tr -d '\\n ')"
-        {ENGINECTL} pull {user['ENGINE_A']} -o {v} --force --executable {SERVER} >/dev/null
-        {fetch} {user['ENGINE_B']} --force >/dev/null
-        mountpoint -q {v}
-        ls -A {v}
-    """
-    done = _in_namespace(script, user)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    lines = done.stdout.strip().splitlines()
-    for line, digest in zip(lines[:2], (user["ENGINE_A"], user["ENGINE_B"]), strict=True):
-        marker = json.loads(line.split(": ", 1)[1])
-        assert (marker["by"], marker["digest"], "filling" in marker) == ("fetch", digest, False)
-    assert sorted(lines[2:]) == sorted([MARKER, "config.json", "lost+found", "rank0.engine",
-                                        "rank1.engine", "tokenizer"])  # no serve.json: the
     # pull's marker named it, so the fetch after it took it away
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
-def test_a_fetch_killed_while_it_filled_a_volume_is_cleared_by_the_next_one(
-    user: dict[str, str], tmp_path: Path
-) -> None:
-    """As for pull: the killed fetch (stopped for certain by a blob of the store that is a
-    FIFO) leaves its staging directory in the volume; the next fetch, with the same PID in a
-    fresh PID namespace, clears it and fills the volume."""
-    volume = tmp_path / "volume"
-    volume.mkdir()
-    weights = tmp_path / "engine-A" / "rank0.engine"
-    blob = tmp_path / "home" / "store" / blob_key(digest_file(weights).xxh3)
-    v, b = shlex.quote(str(volume)), shlex.quote(str(blob))
-    fetch = f"unshare --pid --fork {ENGINECTL} fetch {user['ENGINE_A']} -o {v}"
-    script = f"""
-        set -e
-        mount -t tmpfs none {v}
-        mv {b} {b}.real && mkfifo {b}
-        {fetch} & U=$!
-        i=0
-        until ls -A {v} | grep -q '^[.]volume[.]pull-'; do
-            i=$((i + 1)); [ $i -lt 1200 ] || exit 9; sleep 0.1
-        done
-        C=$(cat /proc/$U/task/$U/children)
-        kill -9 $C
-        wait $U || true
-        echo "left: $(ls -A {v} | tr '\\n' ' ')"
-        rm {b} && mv {b}.real {b}
-        {fetch} --json >/dev/null
-        ls -A {v}
-    """
-    done = _in_namespace(script, user)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("left: .volume.pull-")  # what the kill left
-    assert sorted(lines[1:]) == sorted([MARKER, "config.json", "rank0.engine", "rank1.engine",
-                                        "tokenizer"])

@@ -20,7 +20,6 @@ from pipeline.deploy.target import SERVE_FILE
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.digest import Digest
 from registry.errors import (
     IntegrityError,
     ManifestError,
@@ -29,8 +28,9 @@ from registry.errors import (
     UnreadyError,
     UsageError,
 )
-from registry.fetch import fetch, load_manifest
-from registry.layout import blob_key
+from registry.identity.digest import Digest
+from registry.identity.layout import blob_key
+from registry.ops.fetch import fetch, load_manifest
 from tests.deploy import artifacts
 from tests.helpers import stderr_of
 
@@ -105,11 +105,13 @@ def test_an_engine_serves_itself_and_an_imported_one_gets_trtllm_serves_command(
         dest = tmp_path / f"out-{digest[7:15]}"
         pulled = pull(ctx, digest, dest, executable=sys.executable, host="127.0.0.1", port=8123)
         assert set(tree(dest)) == {"config.json", "rank0.engine", "tokenizer.json", SERVE_FILE,
-                                   MARKER}
+                                   MARKER, "tokenizer/config.json", "tokenizer/tokenizer.json",
+                                   "tokenizer/tokenizer_config.json"}
         assert pulled.sources == (digest,)
         argv = pulled.argv
         assert argv[1:4] == [str(dest), "--backend", "tensorrt"]
-        assert argv[argv.index("--tokenizer") + 1] == str(dest)
+        assert argv[argv.index("--tokenizer") + 1] == str(dest / "tokenizer")
+        assert pulled.tokenizer_dir == str(dest / "tokenizer")
         assert argv[argv.index("--port") + 1] == "8123"
         assert argv[argv.index("--tp_size") + 1] == "1"
         assert argv[argv.index("--max_seq_len") + 1] == "256"
@@ -308,7 +310,7 @@ def test_a_missing_runtime_is_the_machines_fault_not_the_artifacts(
         "ENGINECTL_VLLM_PYTHON='/no/such/python' is not an executable file")
     assert not (tmp_path / "x").exists()
     with ctx.registry.session(readonly=True) as session:
-        from registry import records
+        from registry.sql import records
 
         record = records.get_artifact(session, entry)
     assert record is not None

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.smoke import free_port
+from pipeline.serving.smoke import free_port
 from registry.context import Context
 from tests.deploy import artifacts
-from tests.deploy.test_serve import BIN, READY_TIMEOUT_S, start, wait_answering
-from tests.smoke.conftest import tagged_processes
+from tests.deploy.serve_cli import BIN, READY_TIMEOUT_S, start, wait_answering
+from tests.processes import tagged_processes
 
 
 @pytest.mark.parametrize("store", ["file"], indirect=True)

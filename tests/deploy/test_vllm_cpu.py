@@ -33,13 +33,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.smoke import free_port
+from pipeline.serving.smoke import free_port
 from tests.helpers import RECIPES, with_default_signals
-from tests.quantize.conftest import offline_env, tiny_model
-from tests.smoke.conftest import TAG, tagged_processes, vllm_python
-from tests.smoke.test_vllm_cpu import MAX_TOKENS, PROMPTS, transformers_greedy
-
-__all__ = ["tiny_model", "vllm_python"]  # the session fixtures this module uses
+from tests.models import make_tiny_model, offline_env, require
+from tests.processes import TAG, tagged_processes
+from tests.smoke.transformers_reference import MAX_TOKENS, PROMPTS, transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +53,10 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built(tiny_model: Path, vllm_python: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> Built:
+def built(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Built:
+    require(("torch", "transformers", "tokenizers", "modelopt"), "the quantizer's libraries are")
     base = tmp_path_factory.mktemp("deploy-vllm")
-    source = base / "builder-model"
-    shutil.copytree(tiny_model, source)
+    source = make_tiny_model(base / "builder-model")
     data = yaml.safe_load((RECIPES / "tiny-llama-cpu.yaml").read_text())
     data["model"]["source"] = str(source)
     data["quantize"]["calibration"]["file"] = str(RECIPES / "calibration" / "tiny.jsonl")
@@ -75,7 +72,7 @@ def built(tiny_model: Path, vllm_python: Path,
     assert summary["failed"] == 0
     smoke = next(s for s in summary["stages"] if s["stage"] == "smoke")
     assert smoke["status"] == "built", summary  # passed: the entry is ready
-    reference = transformers_greedy(tiny_model)
+    reference = transformers_greedy(source)
     shutil.rmtree(home / "work")  # the builder's work directories …
     shutil.rmtree(source)  # … and its model: a deploy node has the store alone
     return Built(env, reference, smoke["digest"])

@@ -16,7 +16,8 @@ import click
 import pytest
 
 from pipeline.cli import main
-from tests.e2e.test_plan_errors import GOOD_RECIPE, PREFIX, ROOT
+from tests.e2e.cli import GOOD_RECIPE, PREFIX
+from tests.helpers import ROOT
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 PIPE_BYTES = 4096  # the smallest pipe Linux makes: the writer blocks after one page

@@ -109,14 +109,14 @@ def test_a_fresh_registry_migrates_from_the_installed_wheel(
     _, venv = installed
     url = f"sqlite:///{tmp_path / 'registry.db'}"
     script = (
-        "import sys, registry.db as db\n"
+        "import sys, registry.sql.db as db, registry.sql.schema as schema\n"
         "assert db.__file__.startswith(sys.argv[1]), db.__file__\n"
         "db.open_registry(sys.argv[2]).close()\n"
-        "print(db.current(sys.argv[2]))\n"
+        "print(schema.current(sys.argv[2]))\n"
     )
     done = subprocess.run([str(venv / "bin" / "python"), "-c", script, str(venv), url],
                           cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, check=True, timeout=120)
-    from registry.db import HEAD
+    from registry.sql.schema import HEAD
 
     assert done.stdout.strip() == HEAD

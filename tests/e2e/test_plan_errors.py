@@ -13,21 +13,18 @@ so the message must start `enginectl: error: <path>[:<line>]: [<field>: | target
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cli import GOOD_RECIPE, PREFIX, assert_one_line_error, enginectl
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "bad_recipes"
 BAD_RECIPES = sorted(CORPUS.glob("*.yaml"))
-GOOD_RECIPE = Path("recipes") / "llama70b-h100.yaml"
-PREFIX = "enginectl: error: "
 _HEADER = re.compile(r"# (expect|field|target|line): (.+?)\s*$")
 
 
@@ -62,30 +59,6 @@ def read_expectation(path: Path) -> Expectation:
         target=found.get("target", [None])[0],
         line=None if line is None else int(line),
     )
-
-
-def enginectl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a fresh process, from the repository root, offline, with its own home."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENGINECTL_HOME": str(home)}
-    env.pop("ENGINECTL_WORK_DIR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stderr
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(PREFIX)
-    return lines[0]
 
 
 def test_the_corpus_is_large_and_annotated() -> None:
@@ -177,7 +150,7 @@ def test_plan_commands(tmp_path: Path) -> None:
     assert build.startswith("trtllm-build --checkpoint_dir ")
     assert "--max_batch_size 128 --max_input_len 2048 --max_seq_len 4096" in build
 
-    vllm_line = next(line for line in lines if " vllm.entrypoints.openai.api_server " in line)
+    vllm_line = next(line for line in lines if " vllm.entrypoints.cli.main serve " in line)
     vllm = shlex.split(vllm_line)
     assert _value(vllm, "--tensor-parallel-size") == "8"
     assert _value(vllm, "--quantization") == "fp8"

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.recipe import MAX_FILTERS, MAX_RECIPE_BYTES, MAX_SHAPES, MAX_TARGETS
-from tests.e2e.test_plan_errors import GOOD_RECIPE, PREFIX, ROOT, assert_one_line_error, enginectl
+from pipeline.recipe.fields import MAX_FILTERS, MAX_RECIPE_BYTES, MAX_SHAPES, MAX_TARGETS
+from tests.e2e.cli import GOOD_RECIPE, PREFIX, assert_one_line_error, enginectl
+from tests.helpers import ROOT
 
 
 def good() -> dict[str, Any]:

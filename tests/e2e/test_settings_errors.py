@@ -1,4 +1,4 @@
-"""Settings as the README promises (issue 21, point 9): a setting that cannot be used is one
+"""Settings as docs/configuration.md says (issue 21, point 9): a setting that cannot be used is one
 line naming the variable and its value, exit 2, before anything is created — a relative
 ENGINECTL_HOME used to exit 1 with "unexpected ValueError", a home or cache that is a file
 passed `info` with exit 0, and a registry URL that is not one exited 4 as if the database

@@ -50,6 +50,8 @@ def parser_for(tool: str, prog: str) -> argparse.ArgumentParser:
         names = [flag, *[a for a in spec.get("aliases") or [] if a not in seen]]
         seen.update(names)
         kwargs: dict[str, Any] = {"dest": (spec.get("dest") or flag.lstrip("-")).replace("-", "_")}
+        if spec.get("required"):  # the real parser's required=True
+            kwargs["required"] = True
         if not spec.get("takes_value", True):
             kwargs["action"] = "store_true"
         else:

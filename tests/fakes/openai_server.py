@@ -18,6 +18,14 @@ Knobs (environment):
                                     are refused with 400, and streams carry no usage
     FAKE_OPENAI_TOKEN_DELAY_S=S     answer slower: each generated token takes S seconds more
                                     (a slower build of the same model), before the answer
+    FAKE_OPENAI_DELAYS=JSON         per artifact: {"dotted.path=value": S, ...} sets S for a
+                                    served directory whose config.json has that value at that
+                                    path (value as JSON: `build_config.plugin_config.
+                                    use_fused_mlp=false`); the first match wins, else
+                                    FAKE_OPENAI_TOKEN_DELAY_S
+    FAKE_OPENAI_SLOW_FRACTION=F     a noisy neighbour: each generation is, with probability F,
+    FAKE_OPENAI_SLOW_FACTOR=K       K times slower (default 4) than the delay above, drawn
+    FAKE_OPENAI_SEED=N              from a random.Random(N) (default 0) once per generation
 A MODEL_DIR that is not a directory makes it exit 1 at start, as a real server would.
 """
 
@@ -26,9 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -44,8 +55,12 @@ class Fake:
     request's model field, and its context-length rules."""
 
     def __init__(self, name: str, max_model_len: int, *, style: str = "vllm",
-                 max_num_tokens: int | None = None) -> None:
+                 max_num_tokens: int | None = None,
+                 chat: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.name = name
+        # a chat request's prompt: the fake's template, or (trtllm-serve) the tokenizer's,
+        # which raises ValueError (answered 400) when there is none
+        self.chat = chat or (lambda body: chat_prompt(body.get("messages") or []))
         self.max_model_len = max_model_len
         self.style = style
         self.max_num_tokens = max_num_tokens
@@ -55,6 +70,32 @@ class Fake:
         self.tokenize = os.environ.get("FAKE_OPENAI_NO_TOKENIZE") != "1"
         self.strict = os.environ.get("FAKE_OPENAI_STRICT") == "1"
         self.token_delay_s = float(os.environ.get("FAKE_OPENAI_TOKEN_DELAY_S") or 0)
+        self.slow_fraction = float(os.environ.get("FAKE_OPENAI_SLOW_FRACTION") or 0)
+        self.slow_factor = float(os.environ.get("FAKE_OPENAI_SLOW_FACTOR") or 4)
+        self._random = random.Random(int(os.environ.get("FAKE_OPENAI_SEED") or 0))
+        self._random_lock = threading.Lock()
+
+    def delay_for(self, model_dir: Path) -> None:
+        """Take the per-token delay FAKE_OPENAI_DELAYS names for *model_dir*'s config.json."""
+        table = json.loads(os.environ.get("FAKE_OPENAI_DELAYS") or "{}")
+        try:
+            config = json.loads((model_dir / "config.json").read_text())
+        except (OSError, ValueError):
+            return
+        for selector, seconds in table.items():
+            path, _, wanted = selector.partition("=")
+            value: Any = config
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value == json.loads(wanted):
+                self.token_delay_s = float(seconds)
+                return
+
+    def generation_delay(self, tokens: int) -> float:
+        """How long a generation of *tokens* takes here (the noise drawn once per call)."""
+        with self._random_lock:
+            slow = self._random.random() < self.slow_fraction
+        return self.token_delay_s * tokens * (self.slow_factor if slow else 1)
 
     @staticmethod
     def tokens(text: str) -> list[int]:
@@ -171,14 +212,21 @@ class Handler(BaseHTTPRequestHandler):
         if fake.style == "vllm" and body.get("model") != fake.name:  # trtllm-serve never checks
             self._error(404, f"The model `{body.get('model')}` does not exist.")
             return
-        refused = [name for name in ("ignore_eos", "stream_options") if name in body]
-        if fake.strict and refused:
-            self._error(400, f"extra fields not permitted: {', '.join(refused)}")
+        extra = [name for name in ("ignore_eos", "stream_options") if name in body]
+        if fake.strict and extra:
+            self._error(400, f"extra fields not permitted: {', '.join(extra)}")
             return
         if fake.fail:
             self._error(500, "EngineCore encountered an issue (FAKE_OPENAI_FAIL_GENERATION)")
             return
-        prompt = chat_prompt(body.get("messages") or []) if chat else str(body.get("prompt"))
+        if chat:
+            try:
+                prompt = fake.chat(body)
+            except ValueError as exc:  # trtllm-serve: openai_chat's create_error_response
+                self._error(400, str(exc))
+                return
+        else:
+            prompt = str(body.get("prompt"))
         max_tokens = int(body.get("max_tokens") or 16)
         prompt_tokens = fake.prompt_tokens(prompt)
         refused, max_tokens = fake.limit(prompt_tokens, max_tokens)
@@ -186,8 +234,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, refused)
             return
         words = fake.generate(prompt, max_tokens)
-        if fake.token_delay_s > 0:  # the knob: a server that generates slower
-            time.sleep(fake.token_delay_s * len(words))
+        if (delay := fake.generation_delay(len(words))) > 0:  # the knobs: slower, noisy
+            time.sleep(delay)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                  "total_tokens": prompt_tokens + len(words)}
         kind = "chat.completion" if chat else "text_completion"
@@ -256,6 +304,7 @@ def main(argv: list[str]) -> int:
         print(f"fake-openai: error: model directory {model_dir!r} does not exist", flush=True)
         return 1
     fake = Fake(args.served_model_name or model_dir, args.max_model_len)
+    fake.delay_for(Path(model_dir))
     return run(fake, args.host, args.port, note=f"ignored: {' '.join(ignored) or 'nothing'}")
 
 

@@ -9,124 +9,44 @@
                             enginectl signs itself (presigned part PUTs and GETs)
     each_s3_bucket          a unique, empty bucket on each_s3_server, removed afterwards
     aws_env     (autouse)   test credentials and region, nothing from the user's AWS config
+                            (asked for by `_test_credentials` here and in tests/deploy)
     s3_bucket               a unique, empty bucket on s3_server, removed afterwards
     store                   an opened Store, once per backend: "file" and "s3" (a test can
                             ask for "s3rver" too, as an indirect parameter)
     ctx                     a registry Context on `store` and `registry_url` (every store
                             × database), with a cache of its own
+    env                     a builder's environment on TensorRT-LLM's stand-ins with its own
+                            home and `registry_url` (a module may define its own)
+    any_env                 the same on either registry: SQLite, or an empty PostgreSQL schema
+    box                     the nightly's toy box (tests/integration/nightly_box.py), built
+                            once, at a max_regression no machine noise can hold
+    chromium    (session)   headless Chromium from scripts/install-browser; skips without it,
+                            fails under CI=true
 
-Other integration fixtures (the registry database) live beside these.
+The S3 fixtures above (s3_server to store) are in tests/integration/s3_fixtures.py and the
+registry database's (registry_url, postgres_url, registry) in tests/integration/db_fixtures.py:
+plugins the root conftest loads, so tests/deploy and tests/ray use them without importing.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.store import Store, open_store
-from tests.integration.s3server import (
-    CLEARED,
-    CREDENTIALS,
-    S3_SERVERS,
-    S3RVER_VARIABLE,
-    S3Server,
-    S3ServerError,
-    start_s3_server,
-    start_s3rver,
-)
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: integration servers are required)")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    try:
-        import moto.server  # noqa: F401 - only to know whether it is installed
-    except ImportError as exc:
-        _unavailable(f"moto[server] is not installed: {exc}")
-    try:
-        server = start_s3_server(tmp_path_factory.mktemp("s3server"))
-    except (S3ServerError, OSError) as exc:
-        _unavailable(f"cannot start the S3 test server: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def s3rver_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    start_script = os.environ.get(S3RVER_VARIABLE, "")
-    if not start_script:
-        _unavailable(f"{S3RVER_VARIABLE} is not set: run scripts/install-s3rver and set it to "
-                     "the path it prints (scripts/test does both)")
-    if not os.access(start_script, os.X_OK):
-        _unavailable(f"{S3RVER_VARIABLE}={start_script} is not an executable file: run "
-                     "scripts/install-s3rver")
-    try:
-        server = start_s3rver(Path(start_script), tmp_path_factory.mktemp("s3rver"))
-    except (S3ServerError, OSError) as exc:
-        _unavailable(f"cannot start s3rver: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=S3_SERVERS)
-def each_s3_server(request: pytest.FixtureRequest) -> S3Server:
-    """moto's server, then s3rver: for the tests of what enginectl signs itself."""
-    name = "s3_server" if request.param == "moto" else "s3rver_server"
-    server: S3Server = request.getfixturevalue(name)
-    return server
-
-
-@pytest.fixture
-def each_s3_bucket(each_s3_server: S3Server) -> Iterator[str]:
-    name = each_s3_server.create_bucket()
-    yield name
-    each_s3_server.delete_bucket(name)
+from registry.store.base import Store
+from tests.helpers import ROOT, builder_env
+from tests.integration.nightly_box import Box
+from tests.integration.s3server import S3Server
+from tests.models import unavailable
 
 
 @pytest.fixture(autouse=True)
-def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _test_credentials(aws_env: None) -> None:
     """Every integration test sees test credentials, never the user's AWS account."""
-    for name in CLEARED:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-
-
-@pytest.fixture
-def s3_bucket(s3_server: S3Server) -> Iterator[str]:
-    name = s3_server.create_bucket()
-    yield name
-    s3_server.delete_bucket(name)
-
-
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A store of each backend; a test can ask for "s3rver" too (indirect parameter)."""
-    if request.param == "file":
-        yield open_store((tmp_path / "store").as_uri())
-        return
-    server: S3Server = request.getfixturevalue(
-        "s3rver_server" if request.param == "s3rver" else "s3_server")
-    bucket = server.create_bucket()
-    yield open_store(f"s3://{bucket}/prefix", s3_endpoint_url=server.endpoint_url)
-    server.delete_bucket(bucket)
 
 
 @pytest.fixture
@@ -146,4 +66,36 @@ def ctx(
     context.close()
 
 
-from tests.integration.db_fixtures import *  # noqa: E402, F403 - the SQL registry fixtures
+@pytest.fixture
+def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
+    return builder_env(tmp_path, registry_url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """A builder's environment on either registry (SQLite, or an empty PostgreSQL schema)."""
+    url = (f"sqlite:///{tmp_path / 'home' / 'registry.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("postgres_url"))
+    return builder_env(tmp_path, url)
+
+
+@pytest.fixture
+def box(tmp_path: Path, registry_url: str) -> Box:
+    """The toy box, built; its tests weigh no gate or alarm numbers, so at max_regression 0.99
+    (a candidate 100x slower) no load on the machine can hold a promotion or raise the alarm."""
+    built = Box(tmp_path, registry_url, max_regression=0.99)
+    built.run("build", str(built.recipe))
+    return built
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of headless Chromium, installed by scripts/install-browser."""
+    import subprocess
+
+    done = subprocess.run([str(ROOT / "scripts" / "install-browser")], capture_output=True,
+                          text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        unavailable(f"cannot install chromium: {done.stderr.strip()[-500:]}",
+                    "integration servers are")
+    return done.stdout.strip().splitlines()[-1]

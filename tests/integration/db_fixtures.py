@@ -11,6 +11,7 @@ in an importable module and talk back through a queue.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -21,13 +22,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from registry.db import Registry, current, open_registry
-from registry.digest import Digest, sha256_of_json
-from registry.records import ArtifactRecord, FileRecord, add_artifact_if_absent, try_acquire_lease
+from registry.identity.digest import Digest, sha256_of_json
+from registry.sql.db import Registry, open_registry
+from registry.sql.engine import make_engine
+from registry.sql.leases import try_acquire_lease
+from registry.sql.records import ArtifactRecord, FileRecord, add_artifact_if_absent
+from registry.sql.schema import current
 
-__all__ = ["postgres_url", "registry", "registry_url"]  # the fixtures conftest re-exports
+__all__ = ["postgres_url", "registry", "registry_url"]  # fixtures: tests/conftest.py plugin
 
 POSTGRES_URL = os.environ.get(
     "ENGINECTL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -51,6 +56,14 @@ def _postgres_admin() -> psycopg.Connection[Any]:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A URL whose search_path is a fresh, empty schema of its own."""
+    with postgres_schema() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A fresh, empty schema of the test database, dropped afterwards, as a registry URL (raw
+    SQL: the schema itself is what this makes)."""
     schema = f"t_{uuid.uuid4().hex[:16]}"
     with _postgres_admin() as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
@@ -184,3 +197,14 @@ def lease_worker(url: str, owner: str, key: str, barrier: Any, queue: Any) -> No
                 )
 
     _report(queue, owner, body)
+
+
+def stamp(url: str, revision: str) -> None:
+    """Stamp the registry at *url* with schema *revision* (raw SQL: a registry at another
+    revision than this enginectl's is what the tests that call this are about)."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+    finally:
+        engine.dispose()

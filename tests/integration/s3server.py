@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.smoke import free_port  # the one loopback-port picker
+from pipeline.serving.smoke import free_port  # the one loopback-port picker
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -70,7 +70,7 @@ class S3Server:
             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
         )
-        # path style and SigV4, as enginectl asks a custom endpoint (registry.s3bucket)
+        # path style and SigV4, as enginectl asks a custom endpoint (registry.store.s3bucket)
         config = Config(signature_version="s3v4", s3={"addressing_style": "path"})
         return session.client("s3", endpoint_url=self.endpoint_url, config=config)
 

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.helpers import stderr_of, with_default_signals, without_store_note
+from tests.integration.engines import make_engine
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
@@ -169,10 +169,10 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
     """The server stalls in the middle of the big blob's body and keeps the connection
     open: Ctrl-C still ends the fetch (exit 130), while the body is held, with the target
     as it was and a message saying what the cache kept; a re-run then fetches it all."""
-    from registry.adopt import ImportSpec, import_artifact
     from registry.config import RegistryConfig
     from registry.context import Context
-    from registry.layout import blob_key
+    from registry.identity.layout import blob_key
+    from registry.ops.adopt import ImportSpec, import_artifact
     from tests.integration.faulty_proxy import Fault, FaultyProxy
 
     engine = make_engine(tmp_path / "engine")
@@ -229,8 +229,8 @@ def test_ctrl_c_stops_an_s3_import_at_once_and_a_rerun_uploads_the_rest(
     """The server stops reading the big blob's upload: Ctrl-C still ends the import (exit
     130) while the upload is held, nothing is registered, the message says how many blobs
     are in the store, and a re-run uploads only what is missing."""
-    from registry.digest import digest_file
-    from registry.layout import blob_key
+    from registry.identity.digest import digest_file
+    from registry.identity.layout import blob_key
     from tests.integration.faulty_proxy import Fault, FaultyProxy
 
     engine = make_engine(tmp_path / "engine")

@@ -9,66 +9,35 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
-from registry.db import open_registry
-from registry.records import get_stage_run, list_artifacts
-from tests.helpers import builder_env, fake_gpu, only_nvidia_smi, with_default_signals
+from registry.sql.db import open_registry
+from registry.sql.leases import get_stage_run
+from registry.sql.records import list_artifacts
+from tests.helpers import fake_gpu, only_nvidia_smi, wait_gone
+from tests.integration.builds import (
+    ENGINECTL,
+    SMALL_ENGINE,
+    build,
+    counts,
+    cpu_recipe,
+    make_model,
+    smoke,
+    start,
+    wait_for_pidfile,
+    waiting_for_the_engine,
+    write_recipe,
+)
 from tests.integration.s3server import S3Server
-from tests.integration.test_runner import wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
-
-
-def make_model(root: Path) -> Path:
-    root.mkdir(parents=True)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256,
-              "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000,
-              "max_position_embeddings": 4096, "rope_theta": 10000.0}
-    (root / "config.json").write_text(json.dumps(config))
-    (root / "model.safetensors").write_bytes(os.urandom(4096))
-    (root / "tokenizer.json").write_text('{"version": "1.0"}')
-    (root / "tokenizer_config.json").write_text("{}")
-    return root
-
-
-def write_recipe(directory: Path, **matrix: object) -> Path:
-    make_model(directory / "model")
-    recipe = {
-        "model": {"name": "toy", "source": "./model"},
-        "matrix": {"gpu": ["h100"], "quant": ["bf16"], "shape": [
-            {"name": "small", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
-            {"name": "wide", "max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
-        ], **matrix},
-        "serve": {"trtllm": {}, "vllm": {}},
-    }
-    path = directory / "toy.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    return path
-
-
-@pytest.fixture
-def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return builder_env(tmp_path, registry_url)
-
-
-def build(env: dict[str, str], recipe: Path, *args: str,
-          code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "build", str(recipe), *args], env=env, text=True,
-                          capture_output=True, timeout=600, check=False)
-    assert done.returncode == code, (done.stdout, done.stderr)
-    return done
 
 
 def test_build_publishes_every_stage_then_reuses_all(env: dict[str, str], tmp_path: Path,
@@ -141,31 +110,6 @@ def test_only_and_dry_run(env: dict[str, str], tmp_path: Path) -> None:
     assert "matches no target" in done.stderr
 
 
-def test_plan_keys_as_the_last_build_on_this_machine_did(env: dict[str, str],
-                                                          tmp_path: Path) -> None:
-    """`plan` uses the toolchain `build` probed and recorded here, not the builder image's:
-    the image digest this machine reports changes the engine and smoke keys."""
-    recipe = write_recipe(tmp_path)
-    env = {**env, "ENGINECTL_IMAGE_DIGEST": "sha256:" + "ab" * 32}
-    before = subprocess.run([ENGINECTL, "plan", str(recipe), "--json"], env=env, text=True,
-                            capture_output=True, check=True)
-    assert "no toolchain is recorded" in before.stderr
-    built = json.loads(build(env, recipe, "--json").stdout)
-    after = subprocess.run([ENGINECTL, "plan", str(recipe), "--json"], env=env, text=True,
-                           capture_output=True, check=True)
-    assert after.stderr == ""
-    planned = {s["key"]: s for s in json.loads(after.stdout)["stages"]}
-    assert set(planned) == {s["key"] for s in built["stages"]}
-    for stage in built["stages"]:  # what the build did is what the plan says is done
-        assert planned[stage["key"]]["built"] == (stage["status"] == "built"), stage
-    engines = [s for s in planned.values() if s["kind"] == "trtllm-engine"]
-    assert {s["toolchain"]["image"] for s in engines} == {"sha256:" + "ab" * 32}
-    text = subprocess.run([ENGINECTL, "plan", str(recipe)], env=env, text=True,
-                          capture_output=True, check=True).stdout
-    assert "new" not in {line.split()[-1] for line in text.splitlines()
-                         if line.startswith("  build")}
-
-
 def test_two_builders_run_every_key_once(env: dict[str, str], tmp_path: Path,
                                          registry_url: str) -> None:
     recipe = write_recipe(tmp_path)
@@ -183,47 +127,7 @@ def test_two_builders_run_every_key_once(env: dict[str, str], tmp_path: Path,
         assert len(list_artifacts(session)) == 6
 
 
-SMALL_ENGINE = "*/small/trtllm"
 LEASE_TTL_S = 3.0
-
-
-def start(env: dict[str, str], recipe: Path, *args: str) -> subprocess.Popen[str]:
-    """A builder in a session of its own (so that killpg reaches it and nothing else), its
-    signals at their defaults (the tests send it some)."""
-    return subprocess.Popen(with_default_signals([ENGINECTL, "build", str(recipe), *args]),
-                            env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-
-
-def wait_for_pidfile(proc: subprocess.Popen[str], pidfile: Path) -> int:
-    """The pid the hanging trtllm-build stand-in writes once it runs (its builder holds the
-    engine's lease by then)."""
-    deadline = time.monotonic() + 300
-    while not pidfile.exists() or not pidfile.read_text():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    return int(pidfile.read_text())
-
-
-def waiting_for_the_engine(proc: subprocess.Popen[str]) -> None:
-    """Read a builder's lines until it has reused the convert run: it is then at the engine,
-    whose lease another builder holds."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("reused  convert"):
-            return
-    raise AssertionError(f"the second builder ended first: {proc.communicate()}")
-
-
-def counts(stdout: str) -> dict[str, int]:
-    """{"built": N, "reused": N, ...} from a build's summary line."""
-    found = re.search(r"^built (\d+), reused (\d+), failed (\d+), skipped (\d+);", stdout,
-                      re.MULTILINE)
-    assert found is not None, stdout
-    return dict(zip(("built", "reused", "failed", "skipped"), map(int, found.groups()),
-                    strict=True))
 
 
 def test_a_killed_builders_lease_expires_and_is_taken_over(
@@ -339,17 +243,6 @@ def test_ctrl_c_stops_the_tool_and_records_the_run_cancelled(
         "snapshot": "reused", "convert": "reused", "build": "built", "smoke": "pending-smoke"}
 
 
-def smoke(env: dict[str, str], ref: str, *args: str,
-          code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "smoke", ref, *args], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert done.returncode == code, (done.stdout, done.stderr)
-    if code:
-        (line,) = done.stderr.splitlines()
-        assert line.startswith("enginectl: error: ")
-    return done
-
-
 def status_of(registry_url: str, digest: str) -> str:
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
         (artifact,) = [a for a in list_artifacts(session) if a.digest == digest]
@@ -428,20 +321,6 @@ def test_an_s3_source_is_snapshotted_from_the_bucket(
                    capture_output=True)
     weights = (model / "model.safetensors").read_bytes()
     assert (fetched / "model.safetensors").read_bytes() == weights
-
-
-def cpu_recipe(directory: Path) -> Path:
-    """The toy model as a vLLM entry on the CPU: snapshot, entry, smoke."""
-    make_model(directory / "model")
-    recipe = {
-        "model": {"name": "toy", "source": "./model"},
-        "matrix": {"gpu": ["cpu"], "shape": [
-            {"name": "s", "max_batch_size": 2, "max_input_len": 64, "max_seq_len": 128}]},
-        "serve": {"vllm": {}},
-    }
-    path = directory / "cpu.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    return path
 
 
 def test_a_machine_without_vllm_never_quarantines_the_entry(

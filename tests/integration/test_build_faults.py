@@ -15,15 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from registry.db import open_registry
-from registry.records import list_artifacts
-from tests.helpers import builder_env
-from tests.integration.test_build import build, make_model
-
-
-@pytest.fixture
-def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return builder_env(tmp_path, registry_url)
+from registry.sql.db import open_registry
+from registry.sql.records import list_artifacts
+from tests.integration.builds import build, make_model
 
 
 def engine_recipe(directory: Path) -> Path:

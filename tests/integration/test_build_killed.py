@@ -20,8 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.integration.test_build import ENGINECTL, cpu_recipe
-from tests.smoke.conftest import FAKE_SERVER, TAG, tagged_processes
+from tests.integration.builds import ENGINECTL, cpu_recipe
+from tests.processes import FAKE_SERVER, TAG, tagged_processes
 
 TIMEOUT_S = 120  # a guard against a hang, not a timing assertion
 

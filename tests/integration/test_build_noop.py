@@ -1,5 +1,6 @@
-"""A build with nothing to do (`pipeline.noop`) reads the registry through its driver alone,
-and reports what the full path reports; anything to do or to write sends it the full way."""
+"""A build with nothing to do (`pipeline.executors.noop`) reads the registry through its
+driver alone, and reports what the full path reports; anything to do or to write sends it the
+full way."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from typing import Any
 
 from sqlalchemy import text
 
-from registry.db import open_registry
-from registry.records import list_artifacts, mark_deleted
-from tests.integration.test_build import build, counts, env, write_recipe
-
-__all__ = ["env"]  # the fixture, shared with test_build
+from registry.sql.db import open_registry
+from registry.sql.nightly_runs import last_probes
+from registry.sql.records import list_artifacts, mark_deleted
+from tests.integration.builds import build, counts, write_recipe
 
 # `enginectl build` as the console script runs it, then which heavy modules it had loaded
 BUILD_AND_LIST_MODULES = (
@@ -52,7 +52,7 @@ def test_a_noop_build_imports_no_orm_and_reports_as_the_full_path(
 
     # the recipe text forgotten: the build has a row to write, so it takes the full path
     with open_registry(registry_url) as registry, registry.session() as session:
-        session.execute(text("DELETE FROM recipes"))
+        session.execute(text("DELETE FROM recipes"))  # raw: no registry verb forgets a recipe
     done, full_run = build_listing_modules(env, recipe, tmp_path, "--json")
     assert "sqlalchemy" in full_run["modules"]
     full = json.loads(done.stdout)
@@ -98,8 +98,6 @@ def test_a_deleted_artifact_is_rebuilt_and_a_new_probe_recorded(
     # another toolchain on this machine (a new builder image) is recorded by a full build
     image = {**env, "ENGINECTL_IMAGE_DIGEST": "sha256:" + "ab" * 32}
     build(image, recipe, "--json", "--only", "*/small/trtllm")
-    with open_registry(registry_url) as registry, registry.session() as session:
-        images = [row[0] for row in session.execute(text(
-            "SELECT fingerprint FROM toolchains ORDER BY id"))]
-    last = images[-1] if isinstance(images[-1], dict) else json.loads(images[-1])
-    assert last["image"] == "sha256:" + "ab" * 32
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        last = max(last_probes(session).values(), key=lambda probe: probe.probed_at)
+    assert last.fingerprint["image"] == "sha256:" + "ab" * 32

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from registry.config import RegistryConfig
-from tests.integration.test_registry_verbs import make_engine
+from tests.integration.engines import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 

@@ -17,25 +17,26 @@ from typing import Any
 
 import pytest
 
-from pipeline.compare import compare, render_html, render_table, write_html
-from pipeline.loadgen import cost_per_million_tokens
-from registry import records
-from registry.adopt import ImportSpec, import_artifact
+from pipeline.serving.compare import compare, render_table
+from pipeline.serving.compare_html import render_html, write_html
+from pipeline.serving.loadgen import cost_per_million_tokens
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.errors import RecordNotFoundError, UsageError
-from registry.publish import publish
-from tests.integration.test_registry_verbs import make_engine
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.publish import publish
+from registry.sql import leases, records, smoke_records
+from tests.integration.browser import browse
+from tests.integration.engines import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 KEY = "k1:" + "ab" * 32
-BROWSER_TIMEOUT_S = 120  # a guard against a hung browser, not a timing assertion
 
 
 def smoke_report(levels: list[tuple[int, float, float, float]], *, ready_s: float,
                  price_per_hour: float | None, passed: bool = True) -> dict[str, Any]:
-    """A report shaped like pipeline.smoke.SmokeReport.as_dict()."""
+    """A report shaped like pipeline.serving.smoke.SmokeReport.as_dict()."""
     best = max(tps for _, tps, _, _ in levels)
     return {
         "passed": passed, "failure": None if passed else "generate: empty completion",
@@ -90,12 +91,12 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
         kind="vllm", model="n", status="ready"))
     started = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     with ctx.registry.session() as session:
-        assert records.try_acquire_lease(session, KEY, owner="o", host="h", pid=1, ttl_s=3600,
-                                         now=started)
-        assert records.release_lease(session, KEY, owner="o", status="succeeded",
-                                     artifact_digest=h100,
-                                     now=started + timedelta(seconds=754))
-        add = records.add_smoke_report
+        assert leases.try_acquire_lease(session, KEY, owner="o", host="h", pid=1, ttl_s=3600,
+                                        now=started)
+        assert leases.release_lease(session, KEY, owner="o", status="succeeded",
+                                    artifact_digest=h100,
+                                    now=started + timedelta(seconds=754))
+        add = smoke_records.add_smoke_report
         add(session, h100, True, smoke_report([(1, 100.0, 0.5, 0.9), (8, 500.0, 0.6, 1.0)],
                                               ready_s=99.0, price_per_hour=1.0))
     with ctx.registry.session() as session:  # a later transaction: a later created_at
@@ -217,28 +218,6 @@ def test_html_escapes_text(seeded: Seeded) -> None:
 
 
 # --- the page in a real browser ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    done = subprocess.run([str(ROOT / "scripts" / "install-browser")], capture_output=True,
-                          text=True, timeout=900, check=False)
-    if done.returncode != 0:
-        reason = f"cannot install chromium: {done.stderr.strip()[-500:]}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason} (CI=true: the browser test is required)")
-        pytest.skip(reason)
-    return done.stdout.strip().splitlines()[-1]
-
-
-def browse(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", f"--user-data-dir={profile}", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S,
-                          check=False, env={**os.environ, "HOME": str(profile)})
-    assert done.returncode == 0, done.stderr[-2000:]  # stderr is noise unless it failed
-    return done
 
 
 def test_page_renders_in_chromium(seeded: Seeded, chromium: str, tmp_path: Path) -> None:

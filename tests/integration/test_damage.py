@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from registry.adopt import ImportSpec, import_artifact
 from registry.context import Context
-from registry.digest import Digest
-from registry.layout import blob_key, manifest_key
+from registry.identity.digest import Digest
+from registry.identity.layout import blob_key, manifest_key
+from registry.ops.adopt import ImportSpec, import_artifact
 from tests.helpers import stderr_of
-from tests.integration.test_registry_verbs import _overwrite, make_engine
+from tests.integration.engines import make_engine, overwrite
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 SPEC = ImportSpec(kind="trtllm-engine", model="m", gpu="h100", status="ready")
@@ -94,7 +94,7 @@ def test_a_flipped_byte_is_set_aside_by_fetch_and_healed_by_a_new_import(
     key = blob_key(rank1.xxh3)  # type: ignore[attr-defined]
     data = bytearray(_read(ctx, key, tmp_path))
     data[len(data) // 2] ^= 0x01
-    _overwrite(ctx, key, bytes(data))
+    overwrite(ctx, key, bytes(data))
     target = tmp_path / "out"
     refused = run(env, "fetch", published.digest, "-o", str(target), code=4)
     assert "rank1.engine" in refused.stderr
@@ -119,7 +119,7 @@ def test_fsck_repair_sets_damage_aside_and_says_so(
     key = blob_key(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
     data = bytearray(_read(ctx, key, tmp_path))
     data[7] ^= 0x80
-    _overwrite(ctx, key, bytes(data))
+    overwrite(ctx, key, bytes(data))
     checked = run(env, "fsck", code=4)
     assert "rank1.engine" in checked.stdout
     assert "`enginectl fsck --repair`" in checked.stderr
@@ -141,7 +141,7 @@ def test_fsck_repair_restores_a_damaged_blob_from_the_fetch_cache(
     published = import_artifact(ctx, make_engine(tmp_path / "engine"), SPEC)
     run(env, "fetch", published.digest, "-o", str(tmp_path / "out"))  # the cache has it now
     key = blob_key(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
-    _overwrite(ctx, key, b"truncated")
+    overwrite(ctx, key, b"truncated")
     repaired = run(env, "fsck", "--repair")
     assert "restored blob" in repaired.stdout
     assert "(repaired)" in repaired.stdout
@@ -155,7 +155,7 @@ def test_a_truncated_blob_is_replaced_by_the_next_import(
     published = import_artifact(ctx, source, SPEC)
     rank1 = _rank1(published.manifest.files)
     key = blob_key(rank1.xxh3)  # type: ignore[attr-defined]
-    _overwrite(ctx, key, _read(ctx, key, tmp_path)[:1000])
+    overwrite(ctx, key, _read(ctx, key, tmp_path)[:1000])
     assert "wrong size" in run(env, "fsck", "--no-verify", code=4).stdout
     again = json.loads(run(env, "import", str(source), "--kind", "trtllm-engine", "--model",
                            "m", "--gpu", "h100", "--ready", "--json").stdout)
@@ -170,12 +170,12 @@ def test_an_edited_manifest_is_replaced_by_the_next_import_and_set_aside_by_fetc
     published = import_artifact(ctx, source, SPEC)
     key = manifest_key(Digest.parse(published.digest))
     honest = ctx.store.get_manifest(Digest.parse(published.digest))
-    _overwrite(ctx, key, honest.replace(b'"model":"m"', b'"model":"x"'))
+    overwrite(ctx, key, honest.replace(b'"model":"m"', b'"model":"x"'))
     run(env, "fsck", code=4)
     run(env, "import", str(source), "--kind", "trtllm-engine", "--model", "m", "--gpu",
         "h100", "--ready")
     run(env, "fsck")
-    _overwrite(ctx, key, b"{}")
+    overwrite(ctx, key, b"{}")
     refused = run(env, "fetch", published.digest, "-o", str(tmp_path / "out"), code=4)
     assert "damaged/" in refused.stderr
     assert not ctx.store.has_manifest(Digest.parse(published.digest))  # set aside

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from registry import records
-from registry.adopt import ImportSpec, import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.digest import Digest
 from registry.errors import StoreError
-from registry.fetch import fetch
+from registry.identity.digest import Digest
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.fetch import fetch
+from registry.sql import alias_records
 from tests.integration.s3server import S3Server, start_s3_server
 
 FETCH_IN_A_FRESH_INTERPRETER = (
     "import json, sys\nfrom pathlib import Path\nfrom registry.context import Context\n"
-    "from registry.fetch import fetch\n"
+    "from registry.ops.fetch import fetch\n"
     "done = fetch(Context(), sys.argv[1], Path(sys.argv[2]))\n"
     "heavy = {'boto3', 'botocore', 's3transfer', 'sqlalchemy', 'alembic'}\n"
     "print(json.dumps({'digest': str(done.manifest.digest), 'downloaded': "
@@ -83,7 +83,7 @@ def test_refetch_by_digest_works_with_the_s3_server_stopped(
     first = _publish(ctx, tmp_path, "first", b"first engine")
     second = _publish(ctx, tmp_path, "second", b"second engine")
     with ctx.registry.session() as session:
-        records.set_alias(session, "m/prod", first)
+        alias_records.set_alias(session, "m/prod", first)
     ctx.close()
 
     # the first fetches go to the server and fill the cache: keys in the environment,
@@ -104,7 +104,7 @@ def test_refetch_by_digest_works_with_the_s3_server_stopped(
     # by alias: the registry is asked each time, so a moved alias is followed at once
     assert _fetch_fresh(config, "m/prod", tmp_path / "alias-1")["digest"] == first
     with Context(config) as ctx, ctx.registry.session() as session:
-        records.set_alias(session, "m/prod", second)
+        alias_records.set_alias(session, "m/prod", second)
     moved = _fetch_fresh(config, "m/prod", tmp_path / "alias-2")
     assert moved["digest"] == second
     assert (tmp_path / "alias-2" / "rank0.engine").read_bytes() == b"second engine"

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.damage import iter_damaged
-from registry.layout import blob_key
+from registry.identity.layout import blob_key
+from registry.ops.adopt import import_artifact
+from registry.ops.damage import iter_damaged
+from tests.integration.engines import engine_spec, make_engine, overwrite
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import _overwrite, engine_spec, make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
@@ -98,7 +98,7 @@ def test_fsck_repair_still_sets_aside_a_truncated_blob_beside_a_good_one_listed_
     published = import_artifact(direct, make_engine(tmp_path / "engine"), engine_spec())
     rank0, rank1 = (next(f for f in published.manifest.files if f.path == name)
                     for name in ("rank0.engine", "rank1.engine"))
-    _overwrite(direct, blob_key(rank0.xxh3), (tmp_path / "engine" / "rank0.engine")
+    overwrite(direct, blob_key(rank0.xxh3), (tmp_path / "engine" / "rank0.engine")
                .read_bytes()[:1000])
     headed: set[str] = set()
 

@@ -1,6 +1,6 @@
 """`gc --grace 0` never takes the fetch cache's temp file of a fetch in progress.
 
-A fill writes its blob to a `.tmp-<hex>` file it holds under a lock (`registry.cache`); gc
+A fill writes its blob to a `.tmp-<hex>` file it holds under a lock (`registry.store.cache`); gc
 removes only unlocked ones older than its cutoff. Here a fetch stalls mid-blob (the faulty
 proxy sends half a GET's body, then waits), `enginectl gc --grace 0s` runs as a user runs
 it, and the fetch then completes; the temp file of a killed fill is removed. (Before, gc at
@@ -17,13 +17,13 @@ import threading
 import time
 from pathlib import Path
 
-from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.fetch import fetch
+from registry.ops.adopt import import_artifact
+from registry.ops.fetch import fetch
+from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 

@@ -19,15 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from registry import history, records
 from registry.context import Context
-from registry.digest import Digest, digest_file
-from registry.fetch import fetch
-from registry.fsck import fsck
-from registry.gc import Collected, Collector, gc
+from registry.identity.digest import Digest, digest_file
 from registry.logs import release_lease
-from registry.publish import Publication, hash_directory
-from tests.integration.test_registry_verbs import make_engine
+from registry.ops.fetch import fetch
+from registry.ops.fsck import fsck
+from registry.ops.gc import Collected, Collector, gc
+from registry.ops.publish import Publication, hash_directory
+from registry.sql import history, leases, records
+from registry.sql.db import open_registry
+from tests.integration.db_fixtures import postgres_schema
+from tests.integration.engines import make_engine
 
 PHASES = ("prepare", "begin", "upload", "write_manifest", "commit")
 NOW = timedelta(0)  # a grace of 0 s: every unreferenced blob is old enough to go
@@ -165,6 +167,17 @@ def test_while_a_publish_commits_gc_waits(ctx: Context, tmp_path: Path) -> None:
     del tmp_path
 
 
+def test_registries_in_two_schemas_of_one_database_have_a_gc_lock_each(postgres_url: str) -> None:
+    """PostgreSQL's advisory locks are per database: a gc of one team's registry (its own
+    schema) must not hold up another's publishes, nor be blocked by them."""
+    with (open_registry(postgres_url) as one, postgres_schema() as other_url,
+          open_registry(other_url) as other, one.gc_lock(shared=False)):
+        with other.gc_lock(shared=False, blocking=False) as held:
+            assert held
+        with one.gc_lock(shared=True, blocking=False) as held:
+            assert not held  # the lock still works within a registry
+
+
 def test_a_killed_publishers_pending_row_expires(ctx: Context, tmp_path: Path) -> None:
     source = make_engine(tmp_path / "engine")
     left = _leave_blobs_of(ctx, source)
@@ -182,14 +195,14 @@ def test_a_killed_publishers_pending_row_expires(ctx: Context, tmp_path: Path) -
 def test_gc_keeps_stage_logs_smoke_logs_and_what_alias_history_names(
     ctx: Context, tmp_path: Path
 ) -> None:
-    from registry.adopt import ImportSpec, import_artifact
-    from registry.aliases import tag, untag
+    from registry.ops.adopt import ImportSpec, import_artifact
+    from registry.sql.aliases import tag, untag
 
     log = tmp_path / "build.log"
     log.write_text("trtllm-build: engine written\n")
     key = "k1:" + "7" * 64
     with ctx.registry.session() as session:
-        assert records.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
+        assert leases.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
     assert release_lease(ctx, key, owner="me", status="succeeded", log=log)
     engine = make_engine(tmp_path / "engine")
     old = import_artifact(ctx, engine, ImportSpec(kind="trtllm-engine", model="m", gpu="h100",
@@ -233,7 +246,7 @@ def test_gc_past_its_grace_keeps_an_unregistered_manifest_and_its_blobs(
 def test_gc_past_its_grace_frees_a_deleted_artifact_but_not_the_blobs_it_shares(
     ctx: Context, tmp_path: Path
 ) -> None:
-    from registry.adopt import ImportSpec, import_artifact
+    from registry.ops.adopt import ImportSpec, import_artifact
 
     spec = ImportSpec(kind="trtllm-engine", model="m", gpu="h100", status="ready")
     kept = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), spec)
@@ -255,13 +268,13 @@ def test_gc_past_its_grace_frees_a_deleted_artifact_but_not_the_blobs_it_shares(
 
 def test_logs_prints_a_stage_runs_log_after_gc(ctx: Context, tmp_path: Path) -> None:
     """`enginectl logs KEY` and `enginectl logs REF --smoke`, as a user runs them."""
-    from registry.adopt import ImportSpec, import_artifact
+    from registry.ops.adopt import ImportSpec, import_artifact
 
     log = tmp_path / "build.log"
     log.write_bytes(b"line one\nline two\n")
     key = "k1:" + "8" * 64
     with ctx.registry.session() as session:
-        records.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
+        leases.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
     release_lease(ctx, key, owner="me", status="failed", error="boom", log=log)
     imported = import_artifact(ctx, make_engine(tmp_path / "engine"),
                                ImportSpec(kind="trtllm-engine", model="m", gpu="h100"))

@@ -1,19 +1,17 @@
-"""The lease heartbeat (`registry.heartbeat`), with real builders (`enginectl build` and
+"""The lease heartbeat (`registry.sql.heartbeat`), with real builders (`enginectl build` and
 `nightly` with the tests/fakes stand-ins) against a real registry: PostgreSQL connections
 dropped under a builder (`pg_terminate_backend`, its role refused a login for a while) never
-hand its key to a second builder; a registry out of reach past the lease loses it; a lease
-taken away stops the stage's tool (or the nightly) and says why.
+hand its key to a second builder; a registry out of reach past the lease loses it; a
+publish's pending row is kept alive the same way.
 
-The take-over of a gone holder's lease is tests/integration/test_lease_takeover.py.
+A lease taken away while it works is test_lease_taken_away.py; the take-over of a gone
+holder's lease, test_lease_takeover.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -25,56 +23,37 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from registry import records
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.db import open_registry
-from registry.digest import Digest
 from registry.errors import RegistryError
-from registry.fetch import fetch
-from registry.fsck import fsck
-from registry.gc import gc
-from registry.heartbeat import Heartbeat
-from registry.leases import NIGHTLY_KEY, try_acquire_nightly
-from registry.models import PendingPublish
-from registry.pending import Pending, drop_pending
-from registry.publish import Publication
+from registry.identity.digest import Digest
+from registry.ops.fetch import fetch
+from registry.ops.fsck import fsck
+from registry.ops.gc import gc
+from registry.ops.publish import Publication
+from registry.sql import leases, records
+from registry.sql.db import open_registry
+from registry.sql.heartbeat import Heartbeat
+from registry.sql.models import PendingPublish
+from registry.sql.pending import Pending, drop_pending
 from tests.helpers import builder_env
-from tests.integration.db_fixtures import POSTGRES_URL
-from tests.integration.test_build import (
-    ENGINECTL,
+from tests.integration.builds import (
+    GUARD_S,
     SMALL_ENGINE,
-    build,
     counts,
+    engine_key,
+    engines,
+    lease_of,
     start,
     wait_for_pidfile,
     waiting_for_the_engine,
     write_recipe,
 )
-from tests.integration.test_registry_verbs import make_engine
-from tests.integration.test_runner import wait_gone
-
-GUARD_S = 300  # against a hung builder, not a timing assertion
-
-
-def engine_key(env: dict[str, str], recipe: Path) -> str:
-    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only", SMALL_ENGINE).stdout)
-    return str(next(s["key"] for s in plan["stages"] if s["kind"] == "trtllm-engine"))
-
-
-def lease_of(registry_url: str, key: str) -> records.StageRunRecord:
-    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
-        found = records.get_stage_run(session, key)
-    assert found is not None
-    return found
-
-
-def engines(registry_url: str) -> list[records.ArtifactRecord]:
-    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
-        return records.list_artifacts(session, kind="trtllm-engine")
+from tests.integration.db_fixtures import POSTGRES_URL
+from tests.integration.engines import make_engine
 
 
 def release(fifo: Path) -> None:
@@ -91,6 +70,7 @@ def release(fifo: Path) -> None:
 
 
 def _admin() -> psycopg.Connection[Any]:
+    """Raw SQL from here: the database's own roles and connections are what these tests drop."""
     url = make_url(POSTGRES_URL).set(drivername="postgresql")
     return psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
 
@@ -203,8 +183,8 @@ def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
     key = "k1:unreachable"
     with open_registry(blip.url) as registry:
         with registry.session() as session:
-            assert records.try_acquire_lease(session, key, owner="me", host="h", pid=1,
-                                             ttl_s=3.0)
+            assert leases.try_acquire_lease(session, key, owner="me", host="h", pid=1,
+                                            ttl_s=3.0)
         lost = threading.Event()
         reasons: list[str] = []
 
@@ -220,119 +200,7 @@ def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
     assert "not permitted to log in" in reasons[0]
 
 
-# --- a lease taken away -------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def any_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    """A builder's environment on either registry (SQLite, or an empty PostgreSQL schema)."""
-    url = (f"sqlite:///{tmp_path / 'home' / 'registry.db'}" if request.param == "sqlite"
-           else request.getfixturevalue("postgres_url"))
-    return builder_env(tmp_path, url)
-
-
-def test_a_lease_taken_away_stops_the_stage_and_says_why(
-    any_env: dict[str, str], tmp_path: Path
-) -> None:
-    """Another builder takes the engine's lease over while its tool runs (the row's owner
-    changes): the heartbeat's next renewal finds it gone, the tool's process group is
-    stopped, the run fails with who took the lease (exit 3; nothing blamed on an artifact,
-    nothing published) and the row stays the new holder's."""
-    env = {**any_env, "ENGINECTL_LEASE_TTL_S": "3"}
-    url = env["ENGINECTL_REGISTRY_URL"]
-    recipe = write_recipe(tmp_path)
-    engine = engine_key(env, recipe)
-    pidfile = tmp_path / "trtllm-build.pid"
-    hanging = {**env, "FAKE_TRTLLM_HANG": "1", "FAKE_TRTLLM_PIDFILE": str(pidfile)}
-    proc = start(hanging, recipe, "--only", SMALL_ENGINE)
-    tool = wait_for_pidfile(proc, pidfile)
-    try:
-        with open_registry(url) as registry, registry.session() as session:
-            session.execute(text("UPDATE stage_runs SET owner = 'thief:7:cafe', "
-                                 "host = 'elsewhere', pid = 7 WHERE key = :key"),
-                            {"key": engine})
-        out, err = proc.communicate(timeout=GUARD_S)
-        assert wait_gone(tool), "the stage's trtllm-build is still running"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(tool, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 3, (out, err)
-    why = f"lease on {engine} lost: taken over by thief:7:cafe on elsewhere (pid 7)"
-    assert why in err, err
-    assert "this run was stopped and published nothing" in err
-    assert engines(url) == []
-    lease = lease_of(url, engine)
-    assert (lease.owner, lease.status) == ("thief:7:cafe", "running")
-    plan = json.loads(build(env, recipe, "--dry-run", "--json", "--only", SMALL_ENGINE).stdout)
-    workdir = Path(next(s["workdir"] for s in plan["stages"] if s["key"] == engine))
-    assert why in (workdir / "build.log").read_text()
-
-
-def test_a_nightly_lease_taken_away_is_lost(registry_url: str) -> None:
-    """The heartbeat of any lease (here the nightly's) calls `on_lost` once a renewal
-    answers that the lease is someone else's, naming who holds it."""
-    with open_registry(registry_url) as registry:
-        with registry.session() as session:
-            assert try_acquire_nightly(session, owner="me", host="h", pid=1, ttl_s=3.0)
-        lost = threading.Event()
-        reasons: list[str] = []
-
-        def on_lost(reason: str) -> None:
-            reasons.append(reason)
-            lost.set()
-
-        with Heartbeat(registry, NIGHTLY_KEY, owner="me", ttl_s=3.0, on_lost=on_lost) as beat:
-            with registry.session() as session:
-                session.execute(text("UPDATE stage_runs SET owner = 'other', host = 'h2' "
-                                     "WHERE key = :key"), {"key": NIGHTLY_KEY})
-            assert lost.wait(GUARD_S)
-        assert beat.lost == reasons[0]
-    assert reasons == [f"lease on {NIGHTLY_KEY} lost: taken over by other on h2 (pid 1)"]
-
-
-# --- the nightly's lease ------------------------------------------------------------------------
-
-
-def test_a_nightly_whose_lease_is_taken_away_stops(tmp_path: Path, registry_url: str) -> None:
-    """A nightly rebuilding an engine (a driver bump) loses the nightly lease to another
-    nightly: its tool is stopped, it exits 4 naming who took the lease, and its row in
-    `nightly_runs` says so."""
-    from tests.integration.test_nightly import NEW, Box
-
-    box = Box(tmp_path, registry_url, max_regression=0.9)
-    box.run("build", str(box.recipe))
-    box.bump(NEW)
-    pidfile = tmp_path / "trtllm-build.pid"
-    env = {**box.env, "ENGINECTL_LEASE_TTL_S": "3", "FAKE_TRTLLM_HANG": "1",
-           "FAKE_TRTLLM_PIDFILE": str(pidfile)}
-    proc = subprocess.Popen([ENGINECTL, "nightly", "--json"], env=env, cwd=box.cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    tool = wait_for_pidfile(proc, pidfile)
-    try:
-        with open_registry(registry_url) as registry, registry.session() as session:
-            session.execute(text("UPDATE stage_runs SET owner = 'other-nightly', "
-                                 "host = 'elsewhere' WHERE key = :key"), {"key": NIGHTLY_KEY})
-        out, err = proc.communicate(timeout=GUARD_S)
-        assert wait_gone(tool), "the nightly's trtllm-build is still running"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(tool, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    why = f"lease on {NIGHTLY_KEY} lost: taken over by other-nightly on elsewhere"
-    assert proc.returncode == 4, (out, err)
-    assert why in err.splitlines()[-1], err
-    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
-        status, report = session.execute(text(
-            "SELECT status, report FROM nightly_runs ORDER BY id DESC LIMIT 1")).one()
-    assert status == "failed"
-    assert why in (json.loads(report) if isinstance(report, str) else report)["error"]
-
-
-# --- a publish's pending row (`registry.pending`) ------------------------------------------------
+# --- a publish's pending row (`registry.sql.pending`) --------------------------------------------
 
 
 PENDING_TTL = timedelta(seconds=BLIP_TTL_S)
@@ -347,6 +215,7 @@ def _publication(ctx: Context, tmp_path: Path, seed: int) -> Publication:
 
 def _pending_expiry(registry_url: str, pending_id: str) -> datetime | None:
     with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        # the model's column: no registry function reads a pending row's expiry back
         expiry: datetime | None = session.scalar(
             select(PendingPublish.expires_at).where(PendingPublish.id == pending_id))
     return expiry
@@ -416,7 +285,9 @@ def _lose_the_pending_row(ctx: Context, publication: Publication) -> Pending:
     """Begin and upload *publication*, then remove its pending row as gc would (an expired
     row) and wait for its heartbeat to notice; then a gc takes every blob it uploaded."""
     publication.prepare()
-    publication.begin(ttl=timedelta(seconds=3))
+    # 12 s, not less: a renewal is given until a sixth of the TTL is left, and on a loaded
+    # 2-core machine one took over 1.5 s, so a 3 s TTL lost the row by time-out first.
+    publication.begin(ttl=PENDING_TTL)
     pending = publication.pending
     assert pending is not None
     publication.upload()

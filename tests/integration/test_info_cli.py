@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.db import HEAD
-from registry.store import Store
+from registry.sql.schema import HEAD
+from registry.store.base import Store
 from tests.helpers import fake_gpu
 from tests.integration.s3server import S3Server
 

@@ -1,6 +1,6 @@
 """Lease times are the database's clock, and a lease whose holder is gone from this host (a
 pid that no longer runs or names a younger process, a builder killed with `kill -9`) is
-taken over at once, not after its TTL (`registry.leases`)."""
+taken over at once, not after its TTL (`registry.sql.leases`)."""
 
 from __future__ import annotations
 
@@ -13,29 +13,22 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import text
-
-from registry import records
-from registry.db import open_registry
-from registry.leases import NIGHTLY_KEY, db_now, nightly_holder, try_acquire_nightly
-from tests.integration.test_build import (
+from registry.sql import leases
+from registry.sql.db import open_registry
+from registry.sql.leases import NIGHTLY_KEY, db_now, nightly_holder, try_acquire_nightly
+from tests.helpers import wait_gone
+from tests.integration.builds import (
     ENGINECTL,
+    GUARD_S,
     SMALL_ENGINE,
     counts,
+    engine_key,
+    engines,
+    lease_of,
     start,
     wait_for_pidfile,
     write_recipe,
 )
-from tests.integration.test_heartbeat import (
-    GUARD_S,
-    any_env,
-    engine_key,
-    engines,
-    lease_of,
-)
-from tests.integration.test_runner import wait_gone
-
-__all__ = ["any_env"]  # the fixture, shared with the heartbeat's tests
 
 TEN_YEARS_S = 10 * 365 * 86400.0
 
@@ -54,15 +47,15 @@ def test_lease_times_are_the_databases_own(postgres_url: str) -> None:
     """A lease's start and expiry are the database's time of the statement (PostgreSQL's
     now() of the transaction), not the builder's clock."""
     with open_registry(postgres_url) as registry, registry.session() as session:
-        assert records.try_acquire_lease(session, "k1:clock", owner="me", host="h", pid=1,
-                                         ttl_s=90.0)
+        assert leases.try_acquire_lease(session, "k1:clock", owner="me", host="h", pid=1,
+                                        ttl_s=90.0)
         server_now = db_now(session)
-        lease = records.get_stage_run(session, "k1:clock")
+        lease = leases.get_stage_run(session, "k1:clock")
         assert lease is not None
         assert lease.started_at == server_now
         assert lease.lease_expires_at == server_now + timedelta(seconds=90)
-        assert records.renew_lease(session, "k1:clock", owner="me", ttl_s=30.0)
-        renewed = records.get_stage_run(session, "k1:clock")
+        assert leases.renew_lease(session, "k1:clock", owner="me", ttl_s=30.0)
+        renewed = leases.get_stage_run(session, "k1:clock")
         assert renewed is not None
         assert renewed.lease_expires_at == server_now + timedelta(seconds=30)
         assert nightly_holder(session) is None
@@ -80,29 +73,27 @@ def test_a_lease_whose_holder_is_gone_from_this_host_is_taken_over(registry_url:
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
     with open_registry(registry_url) as registry, registry.session() as session:
         for key in ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused"):
-            pid = os.getppid() if key == "k1:alive" else dead
-            assert records.try_acquire_lease(
+            # k1:reused: the holder's pid runs again, as a process started after the lease
+            pid = {"k1:alive": os.getppid(), "k1:reused": os.getpid()}.get(key, dead)
+            assert leases.try_acquire_lease(
                 session, key, owner=f"old-{key}", host="other" if key == "k1:elsewhere"
                 else here, pid=pid, ttl_s=TEN_YEARS_S, now=t0)
         me = os.getpid()
-        assert not records.try_acquire_lease(session, "k1:alive", owner="new", host=here,
-                                             pid=me, ttl_s=60, now=t0)
-        assert not records.try_acquire_lease(session, "k1:elsewhere", owner="new", host=here,
-                                             pid=me, ttl_s=60, now=t0)
-        assert records.try_acquire_lease(session, "k1:gone", owner="new", host=here, pid=me,
-                                         ttl_s=60, now=t0)
-        assert not records.try_acquire_lease(session, "k1:gone", owner="racer", host=here,
-                                             pid=me + 1, ttl_s=60, now=t0)
-        # the holder's pid runs again, but as a process started after the lease was taken
-        session.execute(text("UPDATE stage_runs SET pid = :pid WHERE key = 'k1:reused'"),
-                        {"pid": me})
-        assert records.try_acquire_lease(session, "k1:reused", owner="new", host=here,
-                                         pid=os.getppid(), ttl_s=60,
-                                         now=datetime.now(UTC) + timedelta(days=365 * 5))
+        assert not leases.try_acquire_lease(session, "k1:alive", owner="new", host=here,
+                                            pid=me, ttl_s=60, now=t0)
+        assert not leases.try_acquire_lease(session, "k1:elsewhere", owner="new", host=here,
+                                            pid=me, ttl_s=60, now=t0)
+        assert leases.try_acquire_lease(session, "k1:gone", owner="new", host=here, pid=me,
+                                        ttl_s=60, now=t0)
+        assert not leases.try_acquire_lease(session, "k1:gone", owner="racer", host=here,
+                                            pid=me + 1, ttl_s=60, now=t0)
+        assert leases.try_acquire_lease(session, "k1:reused", owner="new", host=here,
+                                        pid=os.getppid(), ttl_s=60,
+                                        now=datetime.now(UTC) + timedelta(days=365 * 5))
         assert try_acquire_nightly(session, owner="old-nightly", host=here, pid=dead,
                                    ttl_s=TEN_YEARS_S)
         assert try_acquire_nightly(session, owner="new-nightly", host=here, pid=me, ttl_s=60)
-        owners = {key: records.get_stage_run(session, key) for key in
+        owners = {key: leases.get_stage_run(session, key) for key in
                   ("k1:alive", "k1:elsewhere", "k1:gone", "k1:reused", NIGHTLY_KEY)}
     assert {key: found.owner for key, found in owners.items() if found} == {
         "k1:alive": "old-k1:alive", "k1:elsewhere": "old-k1:elsewhere", "k1:gone": "new",
@@ -119,9 +110,9 @@ def test_a_build_proceeds_at_once_past_a_gone_holders_lease(
     engine = engine_key(any_env, recipe)
     dead = gone_pid()
     with open_registry(url) as registry, registry.session() as session:
-        assert records.try_acquire_lease(session, engine, owner=f"{socket.gethostname()}:{dead}"
-                                         ":0ld", host=socket.gethostname(), pid=dead,
-                                         ttl_s=TEN_YEARS_S)
+        assert leases.try_acquire_lease(session, engine, owner=f"{socket.gethostname()}:{dead}"
+                                        ":0ld", host=socket.gethostname(), pid=dead,
+                                        ttl_s=TEN_YEARS_S)
     done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
                           env=any_env, text=True, capture_output=True, timeout=GUARD_S,
                           check=False)

@@ -1,5 +1,5 @@
-"""registry.lookup reads what fetch needs without SQLAlchemy; it must answer every ref
-exactly as registry.refs.resolve_ref does, on SQLite and PostgreSQL."""
+"""registry.sql.lookup reads what fetch needs without SQLAlchemy; it must answer every ref
+exactly as registry.sql.refs.resolve_ref does, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from registry import records
-from registry.db import Registry
 from registry.errors import NoRegistryError, RecordNotFoundError, RegistryError, UsageError
-from registry.lookup import Found, lookup, shown
-from registry.refs import resolve_ref
+from registry.sql import alias_records, records
+from registry.sql.db import Registry
+from registry.sql.lookup import Found, lookup, shown
+from registry.sql.refs import resolve_ref
 from tests.integration.db_fixtures import make_record
 
 
@@ -30,7 +30,7 @@ def test_lookup_answers_every_ref_as_resolve_ref_does(
     with registry.session() as session:
         for record in (kept, gone):
             records.add_artifact(session, record)
-        records.set_alias(session, "llama/h100/prod", kept.digest)
+        alias_records.set_alias(session, "llama/h100/prod", kept.digest)
         records.mark_deleted(session, gone.digest, "gc")
     unknown = "sha256:" + "0" * 64
     refs = [kept.digest, kept.digest[:19], kept.digest[7:19], kept.digest[7:14], gone.digest,
@@ -98,9 +98,9 @@ def test_a_fetch_never_imports_sqlalchemy(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from registry.adopt import ImportSpec, import_artifact
     from registry.config import RegistryConfig
     from registry.context import Context
+    from registry.ops.adopt import ImportSpec, import_artifact
 
     source = tmp_path / "engine"
     source.mkdir()
@@ -113,11 +113,11 @@ def test_a_fetch_never_imports_sqlalchemy(tmp_path: Path) -> None:
     published = import_artifact(ctx, source, ImportSpec(kind="trtllm-engine", model="m",
                                                         gpu="h100", status="ready"))
     with ctx.registry.session() as session:
-        records.set_alias(session, "m/prod", published.digest)
+        alias_records.set_alias(session, "m/prod", published.digest)
     ctx.close()
     script = (
         "import sys\nfrom pathlib import Path\nfrom registry.context import Context\n"
-        "from registry.fetch import fetch\n"
+        "from registry.ops.fetch import fetch\n"
         "fetch(Context(), 'm/prod', Path(sys.argv[1]))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')))\n"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_build import ENGINECTL, cpu_recipe
+from tests.integration.builds import ENGINECTL, cpu_recipe
 
 GUARD_S = 120  # a guard against a hang, not a timing assertion
 

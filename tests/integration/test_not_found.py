@@ -1,6 +1,6 @@
 """Exit codes a script can branch on (issue 21, point 6): "not found" (an unknown alias, ref
 or model, nothing that serves on this GPU) is exit 6 with the closest known name, never the
-exit 4 of an outage; the table is in `enginectl --help` and, the same, in the README."""
+exit 4 of an outage; the table is in `enginectl --help` and, the same, in docs/exit-codes.md."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli.base import EXIT_CODES
-from registry.digest import Digest
-from registry.layout import manifest_key
+from registry.identity.digest import Digest
+from registry.identity.layout import manifest_key
 from tests.helpers import ROOT
+from tests.integration.engines import make_engine
 from tests.integration.s3server import CREDENTIALS, S3Server
-from tests.integration.test_registry_verbs import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 ALIAS = "llama/h100/prod"
@@ -168,12 +168,12 @@ def test_a_digest_the_s3_store_lacks_is_exit_6_and_a_missing_bucket_exit_4(
     assert not Path(home["OUT"]).exists()
 
 
-def test_the_exit_codes_are_in_help_and_the_readme_alike() -> None:
+def test_the_exit_codes_are_in_help_and_the_page_alike() -> None:
     shown = subprocess.run([ENGINECTL, "--help"], capture_output=True, text=True, check=True,
                            timeout=120).stdout
     for code, meaning in EXIT_CODES:
         assert re.search(rf"^ +{code} +{re.escape(meaning)}$", shown, re.MULTILINE), code
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = re.findall(r"^\| `(\d+)` \| (.+?) \|$", readme, re.MULTILINE)
+    page = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")
+    table = re.findall(r"^\| `(\d+)` \| (.+?) \|$", page, re.MULTILINE)
     assert [(int(code), meaning) for code, meaning in table] == list(EXIT_CODES)
-    assert len(re.findall(r"^Exit codes", readme, re.MULTILINE)) == 1  # the one table
+    assert len(re.findall(r"^Exit codes", page, re.MULTILINE)) == 1  # the one table

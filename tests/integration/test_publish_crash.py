@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.store import Store
+from registry.store.base import Store
+from tests.integration.engines import make_engine
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 TRIALS = 3

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect
 
-from registry.db import HEAD, current, make_engine, migrations_dir, open_registry
-from registry.lookup import shown
+from registry.sql.db import open_registry
+from registry.sql.engine import make_engine
+from registry.sql.lookup import shown
+from registry.sql.schema import HEAD, current, migrations_dir
 from tests.helpers import ROOT
+from tests.integration.db_fixtures import stamp
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 RECIPE = ROOT / "recipes" / "llama70b-h100.yaml"
@@ -36,7 +39,7 @@ READS = [
     ["serve", "--model", "m", "--gpu", "h100"],
     ["show", "0123456789ab"],
 ]
-# fetch and pull by REF read the registry without SQLAlchemy (registry.lookup), and read
+# fetch and pull by REF read the registry without SQLAlchemy (registry.sql.lookup), and read
 # the two tables they need on any schema: a deploy node is not upgraded with the builders
 BY_REF = [["pull", "m/prod", "-o", "OUT"], ["fetch", "m/prod", "-o", "OUT"]]
 # one of each verb, for the schema states (every verb opens the registry the same way)
@@ -87,16 +90,6 @@ def _downgrade(url: str, revision: str) -> None:
             config.set_main_option("script_location", str(migrations_dir()))
             config.attributes["connection"] = connection
             command.downgrade(config, revision)
-    finally:
-        engine.dispose()
-
-
-def _stamp(url: str, revision: str) -> None:
-    engine = make_engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(text("UPDATE alembic_version SET version_num = :r"),
-                               {"r": revision})
     finally:
         engine.dispose()
 
@@ -171,7 +164,7 @@ def test_a_registry_ahead_of_this_enginectl_says_to_upgrade_enginectl(
     tmp_path: Path, registry_url: str
 ) -> None:
     open_registry(registry_url).close()
-    _stamp(registry_url, FUTURE_REVISION)
+    stamp(registry_url, FUTURE_REVISION)
     env = _env(tmp_path, ENGINECTL_REGISTRY_URL=registry_url)
     for args in VERBS:
         _refused(_run(env, args, tmp_path), f"registry schema {FUTURE_REVISION} is newer than "

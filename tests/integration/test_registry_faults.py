@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_registry_verbs import make_engine
+from tests.integration.engines import make_engine
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
@@ -36,7 +36,8 @@ def home(tmp_path: Path) -> tuple[dict[str, str], Path]:
     import sqlite3
 
     database = tmp_path / "home" / "registry.db"
-    with sqlite3.connect(database) as connection:  # everything into the main file
+    # raw: the test damages the database file itself, so everything goes into the main file
+    with sqlite3.connect(database) as connection:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return env, database
 

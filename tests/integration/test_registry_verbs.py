@@ -1,7 +1,7 @@
-"""publish, fetch, tag, resolve, fsck, gc and reindex against real stores and databases.
+"""publish, fetch, tag, resolve, fsck and gc against real stores and databases.
 
 Every test runs on the file store and on an S3 server over HTTP, each with SQLite and with
-PostgreSQL.
+PostgreSQL. reindex is test_reindex.py; S3's faults on the way, test_registry_s3.py.
 """
 
 from __future__ import annotations
@@ -16,49 +16,27 @@ from pathlib import Path
 
 import pytest
 
-from registry import records
-from registry.adopt import ImportSpec, import_artifact
-from registry.aliases import tag, untag
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.digest import Digest, digest_file
 from registry.errors import (
     IntegrityError,
     ManifestError,
     RecordNotFoundError,
     UsageError,
 )
-from registry.fetch import fetch
-from registry.fsck import fsck
-from registry.gc import gc
 from registry.gpus import lookup_gpu
-from registry.layout import blob_key
-from registry.manifest import FileEntry, Manifest
-from registry.publish import publish
-from registry.reindex import reindex
-from registry.resolve import Request, resolve
-from tests.integration.s3server import S3Server
-
-
-def make_engine(root: Path, *, tp: int = 2, seed: int = 0, seq: int = 4096) -> Path:
-    root.mkdir(parents=True)
-    config = {
-        "version": "1.2.1",
-        "pretrained_config": {"mapping": {"tp_size": tp, "pp_size": 1}},
-        "build_config": {"max_batch_size": 64, "max_input_len": 2048, "max_seq_len": seq},
-    }
-    (root / "config.json").write_text(json.dumps(config))
-    for rank in range(tp):
-        (root / f"rank{rank}.engine").write_bytes(os.urandom(50_000) + bytes([seed]))
-    (root / "tokenizer").mkdir()
-    (root / "tokenizer" / "tokenizer.json").write_text('{"model": "shared"}')
-    return root
-
-
-def engine_spec(**overrides: object) -> ImportSpec:
-    fields: dict[str, object] = {"kind": "trtllm-engine", "model": "m", "gpu": "h100",
-                                 "quant": "fp8", "status": "ready"}
-    return ImportSpec(**(fields | overrides))  # type: ignore[arg-type]
+from registry.identity.digest import Digest, digest_file
+from registry.identity.layout import blob_key
+from registry.identity.manifest import FileEntry, Manifest
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.fetch import fetch
+from registry.ops.fsck import fsck
+from registry.ops.gc import gc
+from registry.ops.publish import publish
+from registry.ops.resolve import Request, resolve
+from registry.sql import alias_records, records, smoke_records
+from registry.sql.aliases import tag, untag
+from tests.integration.engines import engine_spec, make_engine
 
 
 def test_publish_fetch_round_trip_and_cache(ctx: Context, tmp_path: Path) -> None:
@@ -228,7 +206,7 @@ def test_unsafe_manifest_paths_are_refused_on_fetch(
     raw = honest.as_dict()
     raw["files"][0]["path"] = path
     data = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
-    from registry.digest import sha256_of
+    from registry.identity.digest import sha256_of
 
     forged = sha256_of(data)
     ctx.store.put_manifest(forged, data)
@@ -274,7 +252,7 @@ def test_refs_aliases_and_history(ctx: Context, tmp_path: Path) -> None:
         tag(ctx, built.digest, "m/h100/canary")
     assert tag(ctx, built.digest, "m/h100/canary", allow_unready=True)[0] == built.digest
     with ctx.registry.session(readonly=True) as session:
-        (event,) = records.alias_history(session, "m/h100/canary")
+        (event,) = alias_records.alias_history(session, "m/h100/canary")
     assert event.note is not None
     assert event.note.startswith("override: tagged while built")
     with ctx.registry.session() as session:
@@ -285,7 +263,7 @@ def test_refs_aliases_and_history(ctx: Context, tmp_path: Path) -> None:
     with pytest.raises(RecordNotFoundError):
         fetch(ctx, "m/h100/prod", tmp_path / "out")
     with ctx.registry.session(readonly=True) as session:
-        history = records.alias_history(session, "m/h100/prod")
+        history = alias_records.alias_history(session, "m/h100/prod")
     assert [(e.digest, e.previous_digest) for e in history] == [
         (one.digest, None), (two.digest, one.digest), (None, two.digest),
     ]
@@ -326,9 +304,11 @@ def test_resolve_ranks_engines_then_checkpoints_then_vllm(ctx: Context, tmp_path
     assert preferred.candidates[0].digest == vllm.digest
 
 
-def test_resolve_ranks_by_the_best_passing_smoke_throughput(
+def test_resolve_ranks_by_the_latest_passing_smoke_throughput(
     ctx: Context, tmp_path: Path
 ) -> None:
+    """The latest proof counts, not the best ever (issue 23): peaky's 800 was re-proved at
+    300."""
     unsmoked = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
     steady = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
     peaky = import_artifact(ctx, make_engine(tmp_path / "c", seed=3), engine_spec())
@@ -337,11 +317,12 @@ def test_resolve_ranks_by_the_best_passing_smoke_throughput(
                                        (steady.digest, False, 9000.0),  # a failure never counts
                                        (peaky.digest, True, 800.0),
                                        (peaky.digest, True, 300.0)):
-            records.add_smoke_report(session, digest, passed,
-                                     {"best_output_tokens_per_s": tokens}, gpu="H100-SXM5-80GB")
+            smoke_records.add_smoke_report(session, digest, passed,
+                                           {"best_output_tokens_per_s": tokens},
+                                           gpu="H100-SXM5-80GB")
     ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
     assert [(c.digest, c.tokens_per_s) for c in ranked.candidates] == [
-        (peaky.digest, 800.0), (steady.digest, 500.0), (unsmoked.digest, None),
+        (steady.digest, 500.0), (peaky.digest, 300.0), (unsmoked.digest, None),
     ]
 
 
@@ -390,119 +371,6 @@ def test_gc_removes_manifests_of_deleted_artifacts(ctx: Context, tmp_path: Path)
     assert not ctx.store.has_manifest(Digest.parse(doomed.digest))
 
 
-def _fresh(ctx: Context, tmp_path: Path, name: str = "fresh") -> Context:
-    """The same store with an empty SQLite registry and cache of its own."""
-    return Context(RegistryConfig(
-        home=tmp_path, store_url=ctx.config.store_url,
-        s3_endpoint_url=ctx.config.s3_endpoint_url,
-        registry_url=f"sqlite:///{tmp_path / f'{name}.db'}", cache_dir=tmp_path / f"{name}-c",
-    ))
-
-
-def _state(ctx: Context) -> dict[str, object]:
-    """Everything reindex must bring back, in comparable form."""
-    from sqlalchemy import select
-
-    from registry.models import Artifact
-
-    with ctx.registry.session(readonly=True) as session:
-        artifacts = records.list_artifacts(session)
-        aliases = {name for r in artifacts for name in records.aliases_for(session, r.digest)}
-        names = aliases | {"m/h100/gone"}
-        best = session.execute(select(Artifact.digest, Artifact.best_tokens_per_s)).all()
-        return {
-            "artifacts": {r.digest: (r.status, r.status_reason, r.recipe_digest)
-                          for r in artifacts},
-            "best": dict(best),
-            "smoke": {r.digest: records.smoke_reports(session, r.digest) for r in artifacts},
-            "aliases": {name: records.get_alias(session, name) for name in sorted(names)},
-            "history": {name: records.alias_history(session, name) for name in sorted(names)},
-        }
-
-
-def test_reindex_restores_statuses_evidence_and_aliases(
-    ctx: Context, tmp_path: Path, registry_url: str
-) -> None:
-    """The bucket is the whole truth: from the store alone, reindex brings back every status
-    (ready, quarantined, superseded, deleted, built), every smoke report with its GPU,
-    toolchain and key, best_tokens_per_s, and every alias with its history."""
-    from registry import history
-
-    ready = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
-    smoked = import_artifact(ctx, make_engine(tmp_path / "b", seed=2),
-                             engine_spec(status="built"))
-    bad = import_artifact(ctx, make_engine(tmp_path / "c", seed=3), engine_spec(status="built"))
-    old = import_artifact(ctx, make_engine(tmp_path / "d", seed=4), engine_spec())
-    plain = import_artifact(ctx, make_engine(tmp_path / "e", seed=5),
-                            engine_spec(status="built"))
-    with ctx.registry.session() as session:
-        history.add_smoke_report(ctx.store, session, smoked.digest, False,
-                                 {"failure": "chat: timeout"}, gpu="H100-SXM5-80GB")
-        history.add_smoke_report(ctx.store, session, smoked.digest, True,
-                                 {"best_output_tokens_per_s": 812.5}, gpu="H100-SXM5-80GB",
-                                 toolchain={"trtllm": "1.2.1"}, key="k1:" + "5" * 64)
-        history.set_status(ctx.store, session, smoked.digest, "ready")
-        history.add_smoke_report(ctx.store, session, bad.digest, False, {"failure": "x"})
-        history.set_status(ctx.store, session, bad.digest, "quarantined", "smoke failed: x")
-        history.set_status(ctx.store, session, old.digest, "superseded", "by a faster one")
-    tag(ctx, ready.digest, "m/h100/prod", note="first")
-    tag(ctx, smoked.digest, "m/h100/prod", note="faster")
-    tag(ctx, old.digest, "m/h100/gone", allow_unready=True)
-    untag(ctx, "m/h100/gone")
-    with ctx.registry.session() as session:
-        history.set_alias(ctx.store, session, "m/h100/canary", ready.digest, "promoted",
-                          details={"old": 500.0, "new": 812.5})
-        history.set_status(ctx.store, session, plain.digest, "deleted", "gc")
-    before = _state(ctx)
-
-    fresh = _fresh(ctx, tmp_path)
-    restored = reindex(fresh)
-    after = _state(fresh)
-    fresh.close()
-    assert restored.problems == []
-    assert (restored.artifacts, restored.aliases) == (5, 2)
-    assert after == before
-    assert before["artifacts"][smoked.digest][0] == "ready"  # type: ignore[index]
-    assert before["best"][smoked.digest] == 812.5  # type: ignore[index]
-    del registry_url
-
-
-def test_reindex_skips_a_bad_manifest_or_record_and_reports_each(
-    ctx: Context, tmp_path: Path
-) -> None:
-    from registry.layout import manifest_key
-
-    good = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
-    broken = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
-    _overwrite(ctx, manifest_key(Digest.parse(broken.digest)), b'{"edited": true}')
-    token = "0" * 32
-    junk = f"records/sha256/{good.digest[7:]}/status/20261201T000000000000Z-{token}.json"
-    ctx.store.put_object(junk, b"not json")
-    fresh = _fresh(ctx, tmp_path)
-    restored = reindex(fresh)
-    with fresh.registry.session(readonly=True) as session:
-        statuses = {r.digest: r.status for r in records.list_artifacts(session)}
-    fresh.close()
-    assert statuses == {good.digest: "ready"}
-    assert len(restored.problems) == 3, restored.problems  # the manifest, the junk, an orphan
-    assert any(broken.digest in p and "manifest" in p for p in restored.problems)
-    assert any(junk in p for p in restored.problems)
-
-
-def _overwrite(ctx: Context, key: str, data: bytes) -> None:
-    """Change a stored object behind the store's back, as a careless hand would."""
-    if ctx.store.url.startswith("file://"):
-        path = Path(ctx.store.url.removeprefix("file://")) / key
-        path.chmod(0o644)
-        path.write_bytes(data)
-        return
-    import boto3
-
-    bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
-    client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
-    client.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=data)
-
-
 def test_publish_keeps_labels_and_manifest_fields(ctx: Context, tmp_path: Path) -> None:
     root = tmp_path / "entry"
     root.mkdir()
@@ -521,124 +389,3 @@ def test_publish_keeps_labels_and_manifest_fields(ctx: Context, tmp_path: Path) 
                                                  "vllm.entrypoints.openai.api_server"]}
 
 
-def test_transient_s3_errors_are_retried(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
-) -> None:
-    """Throttling and connection resets on every other request: publish and fetch still
-    succeed, verified, because the store retries with backoff. (Two failures in three
-    drain botocore's retry quota, a per-client budget, within a publish's ~100 requests:
-    by design, not something to hide.)"""
-    from tests.integration.faulty_proxy import FaultyProxy
-
-    faults = ("pass", "slowdown", "pass", "reset")
-    with FaultyProxy(s3_server.endpoint_url, lambda n, *_: faults[n % 4]) as proxy:
-        def flaky() -> Context:  # one client each, as the builder and the deploy node have
-            return Context(RegistryConfig(
-                home=tmp_path, store_url=f"s3://{s3_bucket}/flaky",
-                s3_endpoint_url=proxy.endpoint_url, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
-                cache_dir=tmp_path / "cache"))
-
-        builder, node = flaky(), flaky()
-        published = import_artifact(builder, make_engine(tmp_path / "engine"), engine_spec())
-        fetched = fetch(node, published.digest, tmp_path / "out")
-        builder.close()
-        node.close()
-    assert fetched.manifest.digest == published.manifest.digest
-    assert proxy.faults.count("slowdown") >= 3
-    assert proxy.faults.count("reset") >= 3
-
-
-def test_uploads_carry_a_checked_crc32_and_leave_the_body_out_of_the_signature(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every PUT boto3 sends for a publish (single objects and multipart parts) carries a
-    CRC32 that S3 checks, signed as a header, and `UNSIGNED-PAYLOAD` for the body, so
-    botocore does not sha256 each part again (the blob's own digest is what every fetch
-    verifies); what lands is the artifact, byte for byte. (Parts are boto3's here as over
-    https; over plain http they are sent from the file, test_s3_sendfile.py.)"""
-    from tests.integration.faulty_proxy import FaultyProxy
-
-    monkeypatch.setenv("ENGINECTL_S3_SPLICE", "0")
-
-    engine = make_engine(tmp_path / "engine")
-    (engine / "rank1.engine").write_bytes(os.urandom(12 << 20))  # a multipart upload
-    with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
-        context = Context(RegistryConfig(
-            home=tmp_path, store_url=f"s3://{s3_bucket}/unsigned",
-            s3_endpoint_url=proxy.endpoint_url, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
-            cache_dir=tmp_path / "cache"))
-        context.store.upload_part_size = 5 << 20  # type: ignore[attr-defined]
-        published = import_artifact(context, engine, engine_spec())
-        fetched = fetch(context, published.digest, tmp_path / "out", verify="strict")
-        context.close()
-    parts = [h for path, h in proxy.puts if "partNumber=" in path]
-    blobs = [h for path, h in proxy.puts if "/blobs/" in path and "partNumber=" not in path]
-    assert len(parts) >= 3  # 12 MiB in 5 MiB parts, at least
-    assert blobs  # the small files: one PUT each
-    for headers in parts + blobs:
-        assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
-        assert "x-amz-checksum-crc32" in headers
-        assert "x-amz-checksum-crc32" in headers["authorization"]  # signed: cannot be swapped
-    assert fetched.manifest.digest == published.manifest.digest
-    landed = (tmp_path / "out" / "rank1.engine").read_bytes()
-    assert landed == (engine / "rank1.engine").read_bytes()
-
-
-def test_a_body_cut_off_mid_stream_is_resumed_where_it_stopped(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
-) -> None:
-    """Every first answer to a GET of a blob stops half-way through its body: the fetch asks
-    for the rest from the byte where it stopped, not for the whole part again."""
-    from tests.integration.faulty_proxy import Fault, FaultyProxy
-
-    store_url = f"s3://{s3_bucket}/cut"
-    published = import_artifact(Context(RegistryConfig(
-        home=tmp_path, store_url=store_url, s3_endpoint_url=s3_server.endpoint_url,
-        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache0",
-    )), make_engine(tmp_path / "engine"), engine_spec())
-    cut: set[str] = set()  # each blob's first GET only: the resumed read must get through
-
-    def plan(_n: int, method: str, path: str, wanted: str | None) -> Fault:
-        if method != "GET" or not (wanted or "").startswith("bytes=0-") or path in cut:
-            return "pass"
-        cut.add(path)
-        return "cut"
-
-    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
-        context = Context(RegistryConfig(
-            home=tmp_path, store_url=store_url, s3_endpoint_url=proxy.endpoint_url,
-            registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
-        ))
-        fetched = fetch(context, published.digest, tmp_path / "out", verify="strict")
-        context.close()
-    assert fetched.downloaded_bytes == published.manifest.size
-    blobs = len({entry.xxh3 for entry in published.manifest.files})
-    assert proxy.faults.count("cut") == blobs
-    firsts = [r for r in proxy.ranges if r and r.startswith("bytes=0-")]
-    resumed = [r for r in proxy.ranges if r and not r.startswith("bytes=0-")]
-    assert len(firsts) == len(resumed) == blobs
-    assert all(int(r.removeprefix("bytes=").split("-")[0]) > 0 for r in resumed)
-    if hasattr(os, "splice"):  # the first reads were spliced (presigned), the rest obstore's
-        assert all(("X-Amz-Signature=" in path) == (wanted in firsts)
-                   for path, wanted in proxy.gets if wanted)
-
-
-def test_a_permanent_s3_error_is_one_line_with_the_request_id(
-    s3_server: S3Server, tmp_path: Path, aws_env: None
-) -> None:
-    from registry.errors import StoreError
-
-    context = Context(RegistryConfig(
-        home=tmp_path, store_url="s3://no-such-bucket-here/x",
-        s3_endpoint_url=s3_server.endpoint_url,
-        registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
-    ))
-    with pytest.raises(StoreError) as caught:
-        import_artifact(context, make_engine(tmp_path / "engine"), engine_spec())
-    context.close()
-    message = str(caught.value)
-    assert "\n" not in message
-    assert "no-such-bucket-here" in message
-    assert "does not exist" in message
-    assert "request id" in message
-    del aws_env

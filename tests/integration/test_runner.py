@@ -16,24 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.executors.runner import capture, run_process, start_process
+from pipeline.host.runner import capture, run_process, start_process
+from tests.helpers import GONE_TIMEOUT_S, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
-GONE_TIMEOUT_S = 60  # a guard against a hang, not a timing assertion
-
-
-def wait_gone(pid: int, timeout_s: float = GONE_TIMEOUT_S) -> bool:
-    """Whether process *pid* (not our child) ends within *timeout_s*: woken by the kernel
-    through a pidfd when it exits (a zombie has exited too), no polling."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout_s)
-        return bool(readable)
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +72,7 @@ def test_children_die_with_a_builder_killed_by_sigkill(tmp_path: Path) -> None:
         import sys, threading
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
-        from pipeline.executors.runner import run_process
+        from pipeline.host.runner import run_process
         script = "sleep 600 & echo $! $$ > {pids}; wait"
         stage = threading.Thread(target=run_process, args=(["sh", "-c", script],),
                                  kwargs={{"log_path": Path({str(tmp_path / "stage.log")!r}),
@@ -116,7 +102,7 @@ def test_a_server_started_by_a_process_killed_by_sigkill_dies_with_it(tmp_path: 
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
-        from pipeline.executors.runner import start_process
+        from pipeline.host.runner import start_process
         script = "sleep 600 & echo $! $$ > {pids}; wait"
         start_process(["sh", "-c", script], log_path=Path({str(tmp_path / "server.log")!r}))
         time.sleep(600)

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.damage import iter_damaged
 from registry.errors import IntegrityError
-from registry.fetch import fetch
-from registry.layout import blob_key
+from registry.identity.layout import blob_key
+from registry.ops.adopt import import_artifact
+from registry.ops.damage import iter_damaged
+from registry.ops.fetch import fetch
+from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 BIG = (16 << 20) + 4321  # two ranged GETs of 16 MiB parts
 

@@ -1,4 +1,4 @@
-"""Publish's plain-http path (`registry.s3sendfile`): multipart parts sent by the kernel from
+"""Publish's plain-http path (`registry.store.s3sendfile`): multipart parts sent by the kernel from
 the file on presigned PUTs whose CRC32 is a signed header, and every part it does not get
 through sent by boto3, through the faulty proxy in front of the real S3 test server."""
 
@@ -12,16 +12,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.digest import digest_file
-from registry.fetch import fetch
-from registry.layout import blob_key
-from registry.s3sendfile import crc32_of
+from registry.identity.digest import digest_file
+from registry.identity.layout import blob_key
+from registry.ops.adopt import import_artifact
+from registry.ops.fetch import fetch
+from registry.store.s3sendfile import crc32_of
+from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sendfile"), reason="sendfile(2)")
 
@@ -175,7 +175,7 @@ def test_s3rver_refuses_a_part_signed_wrong(
     three; so does s3rver's own last release, 3.7.1, which checks only SigV2.)"""
     import http.client
 
-    from registry.s3bucket import Bucket
+    from registry.store.s3bucket import Bucket
 
     data = os.urandom(PART)
     crc = _crc(data)

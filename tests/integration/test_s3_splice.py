@@ -1,4 +1,4 @@
-"""Fetch's plain-http path (`registry.s3splice`): blob bodies spliced from the socket into the
+"""Fetch's plain-http path (`registry.store.s3splice`): blob bodies spliced from the socket into the
 file, and everything it does not take handed to obstore's GETs, through the faulty proxy in
 front of the real S3 test server."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from registry.adopt import import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.fetch import fetch
-from registry.s3splice import Answer, Connection, Connections, read_head, usable
+from registry.ops.adopt import import_artifact
+from registry.ops.fetch import fetch
+from registry.store.s3splice import Answer, Connection, Connections, read_head, usable
+from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-from tests.integration.test_registry_verbs import engine_spec, make_engine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is Linux's")
 

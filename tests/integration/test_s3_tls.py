@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.adopt import ImportSpec, import_artifact
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.errors import StoreError
-from registry.fetch import fetch
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.fetch import fetch
 from tests.integration.faulty_proxy import FaultyProxy
 from tests.integration.s3server import S3Server
 

@@ -2,58 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 
 import pytest
 
-from registry.digest import Digest, digest_file, sha256_of
 from registry.errors import IntegrityError, NotFoundError, StoreError
-from registry.filestore import FileStore
-from registry.layout import blob_key, manifest_key
-from registry.s3store import S3Store
-from registry.store import Store, open_store
+from registry.identity.digest import Digest, digest_file, sha256_of
+from registry.identity.layout import blob_key, manifest_key
+from registry.store.base import Store
+from registry.store.filestore import FileStore
+from registry.store.opener import open_store
 from tests.integration.s3server import S3Server
+from tests.integration.store_objects import Blob, MiB, RawObjects, fake_digest, make_blob
 
-MiB = 1 << 20
 EACH_BACKEND = pytest.mark.parametrize("store", ["file", "s3", "s3rver"], indirect=True)
 """For the round trips: s3rver too, which refuses what enginectl signs wrong (presigned part
-PUTs over plain http, `registry.s3sendfile`; presigned GETs, `registry.s3splice`)."""
-
-
-@dataclass
-class RawObjects:
-    """Reads and writes a store's objects behind its back, to corrupt them or add junk."""
-
-    store: Store
-    server: S3Server | None
-
-    def write(self, key: str, data: bytes) -> None:
-        if isinstance(self.store, FileStore):
-            path = self.store.root / key
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists():
-                path.chmod(0o644)
-            path.write_bytes(data)
-        else:
-            assert isinstance(self.store, S3Store)
-            assert self.server is not None
-            full_key = f"{self.store.prefix}/{key}"
-            self.server.client.put_object(Bucket=self.store.bucket.name, Key=full_key, Body=data)
-
-    def read(self, key: str) -> bytes:
-        if isinstance(self.store, FileStore):
-            return (self.store.root / key).read_bytes()
-        assert isinstance(self.store, S3Store)
-        assert self.server is not None
-        full_key = f"{self.store.prefix}/{key}"
-        response = self.server.client.get_object(Bucket=self.store.bucket.name, Key=full_key)
-        return response["Body"].read()
+PUTs over plain http, `registry.store.s3sendfile`; presigned GETs, `registry.store.s3splice`)."""
 
 
 @pytest.fixture
@@ -62,32 +30,10 @@ def raw(store: Store, request: pytest.FixtureRequest) -> RawObjects:
     return RawObjects(store, server)
 
 
-@dataclass(frozen=True)
-class Blob:
-    path: Path
-    digest: Digest
-    size: int
-
-
-def make_blob(folder: Path, size: int, name: str | None = None) -> Blob:
-    path = folder / (name or f"blob-{uuid.uuid4().hex[:8]}")
-    with path.open("wb") as handle:
-        left = size
-        while left:
-            chunk = os.urandom(min(left, 4 * MiB))
-            handle.write(chunk)
-            left -= len(chunk)
-    return Blob(path, digest_file(path, with_sha256=False).xxh3, size)
-
-
 @pytest.fixture(scope="module")
 def large_blob(tmp_path_factory: pytest.TempPathFactory) -> Blob:
     """Above the 64 MiB multipart threshold and several 32 MiB download parts."""
     return make_blob(tmp_path_factory.mktemp("large"), 70 * MiB + 12345)
-
-
-def fake_digest(shard: str, n: int) -> Digest:
-    return Digest("xxh3-128", f"{shard}{n:030x}")
 
 
 # blobs
@@ -339,7 +285,8 @@ def test_bad_store_url(url: str) -> None:
 
 
 def test_importing_the_store_does_not_import_boto3() -> None:
-    code = "import sys, registry.store; assert 'boto3' not in sys.modules, 'boto3 imported'"
+    code = ("import sys, registry.store.base, registry.store.opener; "
+            "assert 'boto3' not in sys.modules, 'boto3 imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,4 +1,5 @@
-"""pipeline.quantizer end to end: real modelopt calibration and export of the tiny Llama on CPU.
+"""pipeline.stages.quantizer end to end: real modelopt calibration and export of the tiny
+Llama on CPU.
 
 Each run goes through the argv that pipeline.stages.quantize.quantize_argv emits, in a
 subprocess, as the plan runs it; the checks read the files a TRT-LLM or vLLM loader would read.
@@ -16,21 +17,19 @@ from typing import Any
 
 import pytest
 
-from pipeline.quantizer import (
-    PROVENANCE,
-    QuantizerError,
-    build_parser,
+from pipeline.stages.quantizer.checks import (
     source_rope_theta,
     validate_hf_checkpoint,
     validate_trtllm_checkpoint,
 )
+from pipeline.stages.quantizer.options import PROVENANCE, QuantizerError, build_parser
 from tests.helpers import ROOT
-from tests.quantize.conftest import (
+from tests.models import offline_env
+from tests.quantize.runs import (
     CALIB_FILE,
     CLI_DATA,
     QuantizerRun,
     RunQuantizer,
-    offline_env,
     quantizer_argv,
     run_argv,
 )

@@ -16,10 +16,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers import RECIPES
-from tests.quantize.conftest import offline_env
-from tests.smoke.conftest import vllm_python
-
-__all__ = ["vllm_python"]  # the fixture: scripts/install-vllm's python (fails under CI=true)
+from tests.models import offline_env
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from registry.db import open_registry
-from registry.records import get_stage_run, list_artifacts, toolchain_history
+from registry.sql.build_inputs import toolchain_history
+from registry.sql.db import open_registry
+from registry.sql.leases import get_stage_run
+from registry.sql.records import list_artifacts
 from tests.helpers import without_store_note
-from tests.ray.conftest import (
+from tests.ray.fleet import (
+    DRIVER,
     H100,
     SECRET,
     FakeCluster,
@@ -91,6 +94,7 @@ def test_a_fleet_recipe_builds_each_stage_on_its_pool_then_reuses_everything(
     assert all(s["built"] for s in plan["stages"] if s["kind"] == "trtllm-engine")
 
 
+UPGRADED = "575.51.03"
 ONE_H100 = {"gpu": ["h100"], "tp": [1], "include": [], "exclude": [{"runtime": "vllm"}]}
 PG = pytest.mark.parametrize("fleet_env", [("file", "postgresql")], indirect=True,
                              ids=["file-postgresql"])
@@ -118,21 +122,53 @@ def test_a_sku_no_node_has_fails_preflight_with_exit_2_and_keep_going_skips_it(
 
 
 @PG
-def test_a_pool_whose_nodes_disagree_on_the_driver_is_refused(
+def test_a_pool_mid_driver_upgrade_builds_and_smokes_each_group_on_its_own_nodes(
     fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster
 ) -> None:
+    """Half the H100 pool has the new driver (a rolling upgrade): each group of nodes that
+    agree keys the engine and its smoke with its own driver, builds and smokes them on its
+    own nodes; what no driver changes (snapshot, convert) is built once. `plan --executor
+    ray` predicts those keys from the recorded probing, and `fleet` shows the groups."""
     recipe = fleet_recipe(tmp_path, **ONE_H100)
-    ray_cluster.nodes["h100-b"].set_driver("575.51.03")
+    old, new = ray_cluster.nodes["h100-a"], ray_cluster.nodes["h100-b"]
+    new.set_driver(UPGRADED)
     try:
-        done = enginectl(fleet_env, "build", str(recipe), "--executor", "ray", code=2)
+        done = enginectl(fleet_env, "build", str(recipe), "--executor", "ray", "--json")
+        planned = json.loads(enginectl(fleet_env, "plan", str(recipe), "--executor", "ray",
+                                       "--json").stdout)
+        text = enginectl(fleet_env, "plan", str(recipe), "--executor", "ray").stdout
+        fleet = json.loads(enginectl(fleet_env, "fleet", "--json").stdout)
+        fleet_text = enginectl(fleet_env, "fleet").stdout
     finally:
-        ray_cluster.nodes["h100-b"].set_driver("570.124.06")
-    (line,) = done.stderr.strip().splitlines()
-    assert ("pool H100-SXM5-80GB: its 2 nodes disagree (driver 570.124.06 on 1 node, "
-            "575.51.03 on 1 node)") in line, line
+        new.set_driver(DRIVER)
+    split = f"pool {H100} is split (driver {DRIVER}"
+    assert split in done.stderr, done.stderr
+    summary = json.loads(done.stdout)
+    # snapshot, convert; per group an engine and its smoke
+    assert (summary["built"], summary["reused"], summary["failed"]) == (6, 0, 0), summary
+    runs = {s["key"]: s for s in planned["stages"]}
+    assert set(runs) == {s["key"] for s in summary["stages"]}  # plan predicts every key
+    assert all(s["built"] for s in planned["stages"])
+    by_driver = {DRIVER: old.node_id, UPGRADED: new.node_id}
+    for stage in summary["stages"]:
+        driver = runs[stage["key"]]["toolchain"].get("driver")
+        if stage["stage"] in ("build", "smoke"):
+            assert stage["node"]["node_id"] == by_driver[driver], (stage, driver)
+        else:
+            assert driver is None
     with open_registry(fleet_env["ENGINECTL_REGISTRY_URL"]) as registry, \
             registry.session(readonly=True) as session:
-        assert list_artifacts(session) == []
+        engines = list_artifacts(session, kind="trtllm-engine")
+    assert sorted(e.toolchain["driver"] for e in engines) == [DRIVER, UPGRADED]
+    assert {e.status for e in engines} == {"ready"}  # each smoked on its own group
+    assert f"pool {H100} is split into 2 groups:" in text
+    (pool,) = [p for p in fleet["pools"] if p["pool"] == H100]
+    groups = pool["last_probe"]["groups"]
+    assert [(g["nodes"], g["toolchain"]["driver"]) for g in groups] in (
+        [([old.node_id], DRIVER), ([new.node_id], UPGRADED)],
+        [([new.node_id], UPGRADED), ([old.node_id], DRIVER)])
+    assert "split into 2 groups" in fleet_text
+    assert f"driver {UPGRADED}" in fleet_text
 
 
 @PG

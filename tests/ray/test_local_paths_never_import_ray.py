@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.ray.conftest import FAKES, fleet_recipe
+from tests.ray.fleet import FAKES, fleet_recipe
 
 SCRIPT = """\
 import atexit, sys

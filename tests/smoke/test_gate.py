@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.smoke.conftest import TinyModels
+from tests.models import TinyModels
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 

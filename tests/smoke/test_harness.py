@@ -8,11 +8,11 @@ import sys
 import uuid
 from pathlib import Path
 
-from pipeline.loadgen import cost_per_million_tokens
-from pipeline.recipe import SmokeSettings
-from pipeline.smoke import SmokeReport, free_port, render_argv, smoke
+from pipeline.recipe.schema import SmokeSettings
+from pipeline.serving.loadgen import cost_per_million_tokens
+from pipeline.serving.smoke import SmokeReport, free_port, render_argv, smoke
 from tests.fakes.openai_server import Fake
-from tests.smoke.conftest import FAKE_NAME, TAG, tagged_processes
+from tests.processes import FAKE_NAME, TAG, tagged_processes
 
 CHECKS = ["ready", "models", "greedy", "chat", "stream", "long_prompt"]
 

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.loadgen import (
-    Check,
+from pipeline.serving.checks import Check
+from pipeline.serving.loadgen import (
     LoadLevel,
     cost_per_million_tokens,
     percentile,
     token_agreement,
 )
-from pipeline.smoke import SmokeReport
+from pipeline.serving.smoke import SmokeReport
 
 SAMPLE = [15.0, 20.0, 35.0, 40.0, 50.0]
 

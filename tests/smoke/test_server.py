@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import smoke
-from pipeline.smoke import Server
-from tests.smoke.conftest import TAG, tagged_processes
+from pipeline.serving import smoke
+from pipeline.serving.smoke import Server
+from tests.processes import TAG, tagged_processes
 
 # A leader that ignores SIGTERM and starts a child that ignores it too, then says so. The
 # marker is printed in two parts so the argv line at the top of the log does not contain it.

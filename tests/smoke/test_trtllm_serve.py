@@ -2,23 +2,26 @@
 
 The engines are made by the convert and trtllm-build stand-ins from the argv enginectl emits,
 and served with the argv enginectl emits (pipeline.stages.serve.trtllm_serve_argv) through
-pipeline.stages.smoke.run_smoke, as the build and `enginectl smoke` run it.
+pipeline.serving.smoke_here.run_smoke, as the build and `enginectl smoke` run it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.recipe import BuildSettings, Shape, SmokeSettings, TrtllmServe
-from pipeline.smoke import SmokeReport, smoke
+from pipeline.recipe.matrix import Shape
+from pipeline.recipe.schema import BuildSettings, SmokeSettings, TrtllmServe
+from pipeline.serving.smoke import SmokeReport, smoke
+from pipeline.serving.smoke_here import run_smoke
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from pipeline.stages.serve import trtllm_serve_argv
-from pipeline.stages.smoke import run_smoke
 from tests.helpers import ROOT
+from tests.tokenizer_files import write_tokenizer
 
 FAKES = ROOT / "tests" / "fakes"
 TRTLLM_SERVE = str(FAKES / "bin" / "trtllm-serve")
@@ -35,7 +38,7 @@ def hf_checkpoint(path: Path) -> Path:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(HF_CONFIG))
     (path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    return path
+    return write_tokenizer(path)
 
 
 def make_engine(root: Path, *, tp: int = 1, shape: Shape = SHAPE) -> Path:
@@ -49,12 +52,15 @@ def make_engine(root: Path, *, tp: int = 1, shape: Shape = SHAPE) -> Path:
     build[0] = str(FAKES / "bin" / "trtllm-build")
     for argv in (convert, [sys.executable, *build]):
         subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    # the build stage's tokenizer/ (pipeline.executors.work): the HF config and tokenizer files
+    shutil.copytree(hf, engine / "tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
     return engine
 
 
 def serve_argv(model_dir: Path, *, backend: str, tp: int = 1, shape: Shape = SHAPE) -> list[str]:
     argv = trtllm_serve_argv(model_dir=model_dir,
-                             tokenizer_dir=model_dir if backend == "tensorrt" else None,
+                             tokenizer_dir=model_dir / "tokenizer" if backend == "tensorrt"
+                             else None,
                              backend=backend, tp=tp, pp=1, shape=shape, settings=TrtllmServe())
     return [TRTLLM_SERVE, *argv[1:]]
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.keys import stage_key
-from registry.canonical import canonical_json, floats_as_strings
-from registry.digest import Digest, sha256_of_json
+from pipeline.planning.keys import stage_key
+from registry.identity.canonical import canonical_json, floats_as_strings
+from registry.identity.digest import Digest, sha256_of_json
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 json_values = st.recursive(
@@ -71,7 +71,7 @@ def test_stage_key_golden_vectors() -> None:
 
 def test_keys_do_not_depend_on_the_hash_seed() -> None:
     code = (
-        "from pipeline.keys import stage_key;"
+        "from pipeline.planning.keys import stage_key;"
         "print(stage_key('quantize', {'b': [1, 2], 'a': {'z': 'x', 'y': None}},"
         " ['k1:b', 'k1:a'], {}))"
     )
@@ -108,8 +108,8 @@ def test_sha256_of_json_matches_canonical_bytes() -> None:
 
 
 def test_the_registry_schema_head_constant_matches_alembic() -> None:
-    """registry.db.HEAD lets a current registry open without importing Alembic; it must
+    """registry.sql.schema.HEAD lets a current registry open without importing Alembic; it must
     name the newest migration."""
-    from registry import db
+    from registry.sql import schema
 
-    assert db.head_revision() == db.HEAD
+    assert schema.head_revision() == schema.HEAD

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from registry.digest import Digest
-from registry.layout import (
+from registry.identity.digest import Digest
+from registry.identity.layout import (
     RECORD_KINDS,
     alias_record_key,
     blob_key,
@@ -23,7 +23,7 @@ from registry.layout import (
     parse_time,
     record_key,
 )
-from registry.refs import valid_alias_name
+from registry.identity.refs import valid_alias_name
 
 XXH = "0123456789abcdef0123456789abcdef"
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"

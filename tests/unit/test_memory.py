@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.memory import GIB, Fit, memory_fit, parameter_counts
-from pipeline.recipe import Architecture
+from pipeline.planning.memory import GIB, Fit, memory_fit, parameter_counts
+from pipeline.recipe.model import Architecture
 from registry.gpus import lookup_gpu
 
 LLAMA_70B = Architecture(

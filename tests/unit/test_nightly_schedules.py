@@ -27,8 +27,10 @@ def accepted(argv: list[str]) -> click.Context:
 
 
 def expand(argv: list[str]) -> list[str]:
-    """Environment references ($(NAME) in Kubernetes, ${NAME} in systemd) as a value."""
-    return [re.sub(r"\$[({][A-Z_]+[)}]", "https://hooks.example.com/x", a) for a in argv]
+    """Environment references ($(NAME) in Kubernetes, ${NAME} in systemd) as a value; a
+    systemd word that is `$NAME` alone as none (NAME unset: systemd splits it into no word)."""
+    return [re.sub(r"\$[({][A-Z_]+[)}]", "https://hooks.example.com/x", a) for a in argv
+            if not re.fullmatch(r"\$[A-Z_]+", a)]
 
 
 def test_cronjob_runs_the_nightly_on_the_ray_cluster_one_at_a_time() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PlanError
+from registry.sql.lookup import Probed
 from tests.helpers import keys_by_stage, plan_of, recipe_data
 
 
@@ -148,3 +149,37 @@ def test_reference_outputs_change_only_the_smoke_keys(seed: dict, tmp_path: Path
     after = keys_by_stage(plan_of(changed, tmp_path))
     assert after["build"] == before["build"]
     assert not after["smoke"] & before["smoke"]
+
+
+def _probed(pool: str, gpu: str, driver: str, at: str, node: str | None = None) -> Probed:
+    return Probed({"gpu": None if gpu == "CPU" else gpu, "driver": driver}, pool, at, pool,
+                  gpu, node)
+
+
+H100 = "H100-SXM5-80GB"
+RECORDED = [  # newest first, as registry.sql.lookup.recorded_pools returns them
+    _probed("host:laptop", "CPU", "-", "2026-12-05"),
+    _probed("host:gpu-b", H100, "575", "2026-12-04"),
+    _probed(H100, H100, "570", "2026-12-03", "n1"),
+    _probed(H100, H100, "575", "2026-12-03", "n2"),
+    _probed("host:laptop", H100, "565", "2026-12-01"),
+    _probed("host:gpu-c", "L40S", "570", "2026-11-30"),
+]
+
+
+@pytest.mark.parametrize(("sku", "ray", "here", "named", "expected"), [
+    (H100, False, "host:laptop", (), [("host:laptop", "565")]),  # this machine ran H100
+    (H100, False, "host:other", (), [("host:gpu-b", "575")]),  # else the newest host
+    (H100, True, "host:laptop", (), [(H100, "570"), (H100, "575")]),  # the Ray pool's groups
+    (H100, False, "host:laptop", ("host:gpu-b",), [("host:gpu-b", "575")]),
+    (H100, True, "host:laptop", ("host:gpu-c",), [(H100, "570"), (H100, "575")]),  # no H100
+    ("L40S", True, "host:x", (), [("host:gpu-c", "570")]),  # no Ray pool: a host that ran it
+    ("A100-SXM4-80GB", False, "host:x", (), []),  # never probed: the builder image
+])
+def test_the_pool_that_keys_a_target_is_the_one_that_runs_its_gpu(
+    sku: str, ray: bool, here: str, named: tuple[str, ...], expected: list[tuple[str, str]]
+) -> None:
+    from pipeline.executors.preview import pool_of
+
+    found = pool_of(RECORDED, sku, ray=ray, here=here, named=named)
+    assert [(p.pool, p.fingerprint["driver"]) for p in found] == expected

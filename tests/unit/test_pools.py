@@ -7,25 +7,31 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.executors.groups import (
+    Group,
+    NodeProbe,
+    disagreement,
+    group_lines,
+    groups_of,
+    plan_groups,
+    pool_toolchain,
+)
 from pipeline.executors.pools import (
     CPU_POOL,
     PIN,
     NodeInfo,
-    NodeProbe,
-    disagreement,
     fleet_of,
     missing,
     missing_message,
     nodes_from_ray,
     placement,
-    pool_toolchain,
     stage_timeout,
 )
-from pipeline.plan import plan_recipe
-from pipeline.recipe import load_recipe
+from pipeline.planning.plan import Plan, plan_recipe
+from pipeline.planning.toolchain import Toolchain
+from pipeline.recipe.reader import load_recipe
 from pipeline.settings import Settings
-from pipeline.toolchain import Toolchain
-from tests.ray.conftest import make_model
+from tests.integration.builds import make_model
 
 H100 = "H100-SXM5-80GB"
 
@@ -124,25 +130,77 @@ def probe(name: str, seen: str = "NVIDIA H100 80GB HBM3", **fields: object) -> N
     return NodeProbe(node(name), Toolchain(**values), seen, 8)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("probes", "expected"), [
-    ([probe("a"), probe("b")], None),
-    ([probe("a"), probe("b", driver="575.51.03"), probe("c")],
-     f"pool {H100}: its 3 nodes disagree (driver 570.124.06 on 2 nodes, 575.51.03 on 1 node)"),
-    ([probe("a"), probe("b", driver="575.51.03", trtllm="1.3.0")],
-     ("(driver 570.124.06 on 1 node, 575.51.03 on 1 node; trtllm 1.2.1 on 1 node, 1.3.0 on "
-     "1 node)")),
-    ([probe("a"), probe("b", "NVIDIA L40S", gpu="L40S", sm=89)],
+def cpu_probe(name: str, **fields: object) -> NodeProbe:
+    values = {"trtllm": "1.2.1", "vllm": "0.32.0", **fields}
+    return NodeProbe(node(name), Toolchain(**values), None, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("pool", "probes", "expected"), [
+    (H100, [probe("a"), probe("b")], None),
+    (H100, [probe("a"), probe("b", driver="575.51.03"), probe("c")], None),  # groups
+    (H100, [probe("a"), probe("b", "NVIDIA L40S", gpu="L40S", sm=89)],
      "advertises gpu:H100-SXM5-80GB but its nvidia-smi reports 'NVIDIA L40S'"),
+    (CPU_POOL, [cpu_probe("a"), cpu_probe("b", vllm="0.31.0"), cpu_probe("c")],
+     "pool CPU: its 3 nodes disagree (vllm 0.31.0 on 1 node, 0.32.0 on 2 nodes)"),
 ])
-def test_a_pool_whose_nodes_disagree_is_refused_with_counts(
-    probes: list[NodeProbe], expected: str | None
+def test_a_wrong_gpu_or_cpu_nodes_that_disagree_are_refused_with_counts(
+    pool: str, probes: list[NodeProbe], expected: str | None
 ) -> None:
-    found = disagreement(H100, probes)
+    found = disagreement(pool, probes)
     if expected is None:
         assert found is None
     else:
         assert found is not None
         assert expected in found
+
+
+def test_gpu_nodes_that_differ_are_groups_the_largest_first() -> None:
+    probes = [probe("a"), probe("b", driver="575.51.03"), probe("c"),
+              probe("d", driver="575.51.03", trtllm="1.3.0")]
+    groups = groups_of(H100, [(p.toolchain, p.node.node_id, p.node.host) for p in probes])
+    assert [g.hosts for g in groups] == [("a", "c"), ("b",), ("d",)]
+    assert [g.toolchain.driver for g in groups] == ["570.124.06", "575.51.03", "575.51.03"]
+    assert group_lines(groups) == [
+        "driver 570.124.06, trtllm 1.2.1 on 2 nodes (a, c)",
+        "driver 575.51.03, trtllm 1.2.1 on 1 node (b)",
+        "driver 575.51.03, trtllm 1.3.0 on 1 node (d)"]
+    (one,) = groups_of(H100, [(p.toolchain, p.node.node_id, p.node.host)
+                              for p in probes[:1] + probes[2:3]])
+    assert one.nodes == (node("a").node_id, node("c").node_id)
+
+
+def test_a_split_pool_plans_its_targets_once_per_group_on_that_groups_nodes(plan: Plan) -> None:
+    old, new = (Toolchain(driver=d, cuda="12.8", trtllm="1.2.1", tensorrt="10.14.1",
+                          modelopt="0.37.0", torch="2.9.1", transformers="4.57.3",
+                          vllm="0.32.0") for d in ("570.124.06", "575.51.03"))
+    a, b, c = node("a").node_id, node("b").node_id, node("c").node_id
+    h100 = [(Group(H100, old, (a, c), ("a", "c")), old), (Group(H100, new, (b,), ("b",)), new)]
+    l40s = [(Group("L40S", old, ("l",), ("l",)), old)]
+    whole = plan_groups(plan.loaded, Settings.from_env({"ENGINECTL_HOME": "/tmp/x"}), old,
+                        {H100: h100[:1], "L40S": l40s})
+    split = plan_groups(plan.loaded, Settings.from_env({"ENGINECTL_HOME": "/tmp/x"}), old,
+                        {H100: h100, "L40S": l40s})
+    assert whole.nodes == {}  # one group per pool: placement as ever
+    assert set(whole.plan.stages) < set(split.plan.stages)
+    added = set(split.plan.stages) - set(whole.plan.stages)
+    # each H100 target's engine (or entry) and smoke again, keyed with the new driver
+    h100_targets = [t for t in whole.plan.targets if t.target.gpu.sku == H100]
+    assert {split.plan.stages[k].stage for k in added} == {"build", "smoke"}
+    assert len(split.plan.targets) == len(whole.plan.targets) + len(h100_targets)
+    for key in added:
+        run = split.plan.stages[key]
+        assert run.toolchain.get("driver") in (None, "575.51.03")
+        assert split.toolchains[key].for_gpu(H100).driver == "575.51.03"
+        if placement(split.plan, run).pool == H100:
+            assert split.nodes[key] == {b}
+    for key, run in whole.plan.stages.items():  # the first group's: on its nodes alone
+        assert split.toolchains[key].for_gpu(H100).driver == "570.124.06"
+        if run.stage in ("build", "smoke") and run.gpu == H100 and run.gpus:
+            assert split.nodes[key] == {a, c}
+    converts = [k for k, r in split.plan.stages.items() if r.stage == "convert"]
+    assert converts
+    assert not set(converts) & set(split.nodes)  # a convert has no driver: either group
+    assert sorted(split.group_keys) == [(H100, 0), (H100, 1), ("L40S", 0)]
 
 
 def test_the_cpu_pool_ignores_gpus_and_drivers() -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from pipeline.errors import RecipeError
+from pipeline.executors.preview import parse_overrides
 from pipeline.nightly.diff import key_changes, toolchain_changes
-from pipeline.plan import plan_recipe
-from pipeline.preview import parse_overrides
-from pipeline.promote import compare_levels
-from pipeline.toolchain import BUILDER_IMAGE
+from pipeline.planning.plan import plan_recipe
+from pipeline.planning.toolchain import BUILDER_IMAGE
+from pipeline.serving.promote import compare_levels
 from registry.errors import UsageError
 from tests.helpers import plan_of, recipe_data
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.ranges import PartBuffers, pwrite_all, read_exactly_into, read_ranges, split
+from registry.store.ranges import PartBuffers, pwrite_all, read_exactly_into, read_ranges, split
 
 
 @pytest.mark.parametrize(("size", "part", "threads", "window"), [

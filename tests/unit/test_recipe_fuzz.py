@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from pipeline import recipe as recipe_module
 from pipeline.errors import PlanError, RecipeError
-from pipeline.plan import plan_recipe
-from pipeline.recipe import parse_recipe
+from pipeline.planning.plan import plan_recipe
+from pipeline.recipe import fields, matrix, model, schema
+from pipeline.recipe.reader import parse_recipe
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +39,10 @@ FUZZ = settings(
 KNOWN_KEYS = sorted(
     {
         field.alias or name
-        for model in vars(recipe_module).values()
-        if isinstance(model, type) and issubclass(model, BaseModel)
-        for name, field in model.model_fields.items()
+        for module in (matrix, model, schema)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, BaseModel)
+        for name, field in cls.model_fields.items()
     }
 )
 WORDS = [
@@ -185,9 +186,9 @@ def test_mutated_recipes(data: dict[str, Any]) -> None:
 # ---- random matrices over valid values: reaches the plan checks and the memory math ---------
 
 GPUS = ["h100", "a100", "a100-40gb", "l4", "l40s", "a10g", "h200", "b200", "gh200", "cpu"]
-QUANTS = list(recipe_module.QUANTS)
+QUANTS = list(fields.QUANTS)
 KV_DTYPES = ["auto", "fp8", "int8"]
-RUNTIMES = list(recipe_module.RUNTIMES)
+RUNTIMES = list(fields.RUNTIMES)
 
 
 def _axis(values: list[Any]) -> st.SearchStrategy[list[Any]]:

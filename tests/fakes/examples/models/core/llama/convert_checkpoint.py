@@ -8,6 +8,8 @@ reads from it (architecture, dtype, max_position_embeddings, rotary_base, rotary
 quantization, mapping) and one rank{N}.safetensors per tp x pp rank. It converts no weights.
 
 Test knob: FAKE_CONVERT_SKIP_RANK=N exits 0 without writing rank{N}.safetensors.
+FAKE_GPU_ENV_LOG=path appends a JSON line with the CUDA_VISIBLE_DEVICES it was started with
+(null when unset): which GPUs the real script would see.
 """
 
 import json
@@ -19,6 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from cli_contract import parse
 
 args = parse("trtllm-llama-convert", "convert_checkpoint.py")
+if os.environ.get("FAKE_GPU_ENV_LOG"):
+    with Path(os.environ["FAKE_GPU_ENV_LOG"]).open("a", encoding="utf-8") as record:
+        print(json.dumps({"tool": "convert_checkpoint.py", "output_dir": args["output_dir"],
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}),
+              file=record, flush=True)
 if args["model_dir"] is None:  # the real script falls back to synthetic weights; not here
     sys.exit("convert_checkpoint.py (stand-in): --model_dir is required")
 hf = json.loads((Path(args["model_dir"]) / "config.json").read_text())

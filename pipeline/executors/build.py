@@ -1,0 +1,156 @@
+"""build: a recipe's stage chain, run for real on this machine (the `enginectl build` verb).
+
+Keys are computed with this machine's toolchain (probed), so what a builder publishes is
+keyed by what it was really built with. The probe is recorded (pool `host:<name>`), which is
+what `enginectl plan` keys with afterwards.
+
+A build with nothing to do (every stage run done, the probe the one last recorded) is
+answered from one read of the registry through its database driver
+(`pipeline.executors.noop`): the ORM, Alembic and the executors are imported only when there
+is work, or a dry run finds a registry to migrate. A build on a Ray cluster is
+`pipeline.executors.ray_build`'s.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pipeline.executors.result import BuildResult, raise_if_interrupted
+from pipeline.executors.view import describe, shown_walk
+from pipeline.planning.plan import Plan, plan_recipe, selected_keys
+from pipeline.planning.source import read_recipe
+from pipeline.planning.toolchain import Probe, Toolchain, for_build, local_pool, probe
+from pipeline.recipe.reader import LoadedRecipe
+from pipeline.settings import Settings
+from registry.context import Context
+from registry.errors import RegistryError, UsageError
+from registry.progress import Echo
+
+
+def build_recipe(
+    recipe: Path,
+    *,
+    jobs: int = 2,
+    only: str | None = None,
+    force: bool = False,
+    keep_going: bool = False,
+    dry_run: bool = False,
+    keep_work: bool = False,
+    echo: Echo | None = None,
+    live: bool | None = None,
+    ctx: Context | None = None,
+    run_on: str = "local",
+    address: str = "auto",
+    loaded: LoadedRecipe | None = None,
+    promote: bool = True,
+    record_probes: bool | None = None,
+) -> BuildResult:
+    """Build what *recipe* needs that the registry lacks (see the module doc).
+
+    *echo* gets one line per finished stage run; *live* (default: stdout is a terminal) shows
+    a live table instead. Published outputs leave the work directory once no later run
+    reads them, unless *keep_work*. Ctrl-C raises `BuildCancelledError` with what was kept
+    (its `summary` says which runs finished and which were cancelled). *run_on* "ray"
+    runs the stage runs on the Ray cluster at *address* instead (`pipeline.executors.ray_build`).
+    *loaded* is the recipe already read (a recorded one: *recipe* is where it was read);
+    with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
+    artifact move to the targets' ready artifacts (`pipeline.serving.promote.promote_built`).
+    *record_probes* says whether the toolchain probes are recorded (None: unless a local
+    dry run; a Ray dry run records what it probed)."""
+    if run_on == "ray":  # a Ray cluster's pools; Ray is imported only there
+        from pipeline.executors.ray_build import build_on_ray
+
+        built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
+                                          keep_going=keep_going, dry_run=dry_run, echo=echo,
+                                          ctx=ctx, loaded=loaded, promote=promote,
+                                          record_probes=record_probes is not False)
+        return built
+    loaded = loaded or read_recipe(recipe)
+    settings = Settings.from_env()
+    found = probe(settings)
+    plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
+    keys = selected_keys(plan, only)
+    if not keys:
+        raise UsageError(f"--only {only!r} matches no target of {recipe}")
+    ctx = ctx or Context()
+    try:
+        if not force:
+            done = _nothing_to_do(plan, keys, ctx, settings, found.toolchain, dry_run=dry_run,
+                                  promote=promote, record_probes=record_probes)
+            if done is not None:
+                ctx.begin(store=False)  # nothing is read from the store, nor written
+                if echo is not None and not dry_run:
+                    for outcome in done.summary.outcomes:
+                        echo(describe(outcome))
+                return done
+        return _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
+                      keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
+                      live=live, promote=promote, record_probes=record_probes)
+    finally:
+        ctx.close()
+
+
+def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
+                   toolchain: Toolchain, *, dry_run: bool, promote: bool,
+                   record_probes: bool | None) -> BuildResult | None:
+    """The result of a build (or a dry run) with nothing to do, read without the ORM
+    (`pipeline.executors.noop`); None when there is work (a promotion or a probe to record is work),
+    or the registry is not at the schema head."""
+    from pipeline.executors.noop import noop_summary
+    from registry.sql.lookup import build_state
+
+    url = ctx.config.registry_url
+    probes = {local_pool(): toolchain.as_dict()}
+    if dry_run:  # what is built: the keys with an artifact, as `lookup` finds them
+        if record_probes:
+            return None
+        try:
+            state = build_state(url, keys, recipe=plan.loaded.digest, pool=local_pool())
+        except RegistryError:
+            return None
+        return BuildResult(plan, set(state.artifacts), probes=probes) if state.current \
+            else None
+    summary = noop_summary(plan, keys, settings=settings, toolchain=toolchain,
+                           registry_url=url, pool=local_pool(), host=socket.gethostname(),
+                           channels=plan.channels if promote else ())
+    if summary is None:
+        return None
+    hits = {o.key for o in summary.outcomes if o.status == "reused" and o.stage != "smoke"}
+    return BuildResult(plan, hits, summary, probes=probes)
+
+
+def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: Probe, *,
+           recipe: Path, jobs: int, force: bool, keep_going: bool, dry_run: bool,
+           keep_work: bool, echo: Echo | None, live: bool | None, promote: bool,
+           record_probes: bool | None) -> BuildResult:
+    """The full path: look up the keys, record the recipe and the probe, walk the DAG, fill
+    the recipe's empty promotion channels."""
+    from pipeline.executors.local import LocalExecutor
+    from pipeline.executors.stage import lookup
+    from pipeline.serving.promote import promote_built
+    from registry.sql import build_inputs
+
+    loaded = plan.loaded
+    hit_records = {} if force else lookup(ctx, keys)
+    ctx.begin(registry=True)
+    result = BuildResult(plan, set(hit_records), probes={local_pool(): found.toolchain.as_dict()})
+    if record_probes or (record_probes is None and not dry_run):
+        with ctx.registry.session() as session:
+            # what `plan` keys with next time, and what a nightly compares with
+            build_inputs.record_toolchain(session, local_pool(), found.toolchain.gpu,
+                                          found.toolchain.as_dict(), socket.gethostname())
+    if dry_run:
+        return result
+    with ctx.registry.session() as session:
+        build_inputs.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
+        build_inputs.touch_recipe(session, loaded.digest, loaded.path)
+    with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
+                       local_gpu=found.toolchain.gpu, gpu_count=found.gpu_count,
+                       keep_work=keep_work) as executor:
+        result.summary = shown_walk(plan, ctx, keys, executor, hits=hit_records,
+                                    keep_going=keep_going, echo=echo, live=live)
+    raise_if_interrupted(recipe, result.summary)
+    if promote:
+        result.promotions = promote_built(ctx, plan, result.summary)
+    return result

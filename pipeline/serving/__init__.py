@@ -1,0 +1,20 @@
+"""Serving an artifact and judging what it served (DESIGN §7).
+
+    loadgen   the OpenAI-API client and the load it sends; percentiles and cost (pure)
+    checks    the checks run on a ready server (models, greedy, chat, stream, long prompt)
+    smoke     start an artifact's real server, run the checks and the load: a smoke report
+    smoke_here  smoking here: whether this machine can smoke an artifact, what it serves,
+              and recording the verdict (`enginectl smoke REF`, and the smoke stage of a
+              build)
+    compare   the side-by-side table of a model's ready artifacts from their smoke reports;
+              `compare_html` writes it as one page
+    abgate    the nightly's same-run A/B of an alias's incumbent and its candidate
+    promote   move a recipe's promotion aliases: after a build (an empty channel) or after
+              the nightly's gate (the candidate won) — here because the gate decides it
+
+May import: the standard library, `registry`, and the lower layers of `pipeline`
+(`errors`, `settings`, `host`, the recipe, `stages`, planning, and `deploy` for an engine's
+serve template and tokenizer), and `executors.outcome` for its types only. Never `click`
+(only `pipeline.cli` does), `pipeline.cli`, `pipeline.nightly` or `pipeline.executors` —
+those import this package.
+"""

@@ -1,0 +1,360 @@
+"""Smoke serving (DESIGN §7): start an artifact's real server, prove it serves, measure it.
+
+    report = smoke(argv_template, model_dir=..., served_name=..., settings=recipe.smoke,
+                   max_input_len=..., price_per_hour=..., log_path=...)
+
+The server runs from its manifest's argv template (`{model_dir}` and `{port}` filled in here) on
+a free loopback port, in its own process group started by the process runner (whose guard
+ends it with enginectl, even on `kill -9`), logging to *log_path*. It is ready when a real
+generation succeeds (a 200 from /health alone proves nothing). Then: /v1/models names the model;
+greedy completions return exactly `max_tokens` tokens; a chat completion through the chat
+template says something; a streamed completion gives the time to first token; a prompt just
+under `max_input_len` is accepted whole; optional reference outputs match; and a short load at
+each concurrency level gives tokens/s, TTFT p50/p95 and errors (pipeline.serving.loadgen). The
+server is always stopped — the whole group, SIGTERM then SIGKILL — whatever happens.
+
+This module owns the process (Server, readiness) and the report; pipeline.serving.loadgen and
+pipeline.serving.checks own what is sent to a ready server (the client and the load; the checks).
+
+`smoke` returns a report and does not raise for anything the server does; a report that did not
+pass names its first failing check on one line. `measure` serves an artifact for its load alone
+(the promotion gate's rounds, pipeline.serving.abgate). `stop_all` stops every server still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from pipeline.host.runner import Process, log_tail, start_process
+from pipeline.recipe.schema import SmokeSettings
+from pipeline.serving.checks import Check, load_body, run_checks
+from pipeline.serving.loadgen import (
+    TRANSPORT_ERRORS,
+    Client,
+    LoadLevel,
+    cost_per_million_tokens,
+    run_level,
+)
+
+HOST: Final = "127.0.0.1"
+# A smoke server holds nothing worth a long graceful exit: SIGTERM, then after a second
+# SIGKILL the whole group (which frees GPU memory as surely). vLLM's CPU build takes ~2 s to
+# exit on SIGTERM, which would otherwise be most of a smoke run's own overhead.
+STOP_GRACE_S: Final = 1.0
+READY_POLL_S: Final = 0.5
+# Answers that are neither a success nor "503 still loading" before readiness gives up: a server
+# that is up but cannot generate (healthy, then fails its first request) is not waited out.
+READY_FAILURES: Final = 3
+
+# A log line that is an exception (after vLLM's "(Worker pid=N) ERROR ... [file:line]" prefix):
+# the first one in a failed server's log is usually the root cause.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s+)?(?:ERROR\s+[\d-]+\s+[\d:.]+\s+\[[^\]]*\]\s+)?"
+    r"((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .+)$")
+
+_live: set[Server] = set()
+_live_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def render_argv(template: Sequence[str], *, model_dir: Path, port: int) -> list[str]:
+    """*template* with `{model_dir}` and `{port}` filled in (anywhere inside an argument)."""
+    return [part.replace("{model_dir}", str(model_dir)).replace("{port}", str(port))
+            for part in template]
+
+
+def stop_all() -> None:
+    """Stop every smoke server still running (Ctrl-C, or the executor giving up)."""
+    with _live_lock:
+        running = list(_live)
+    for server in running:
+        server.stop()
+
+
+class Server:
+    """A server process in its own process group, logging to *log_path*, started and stopped
+    through the process runner (so it dies with enginectl, even on SIGKILL); a context
+    manager that always stops the whole group on exit. *env* adds to (overrides)
+    os.environ."""
+
+    def __init__(self, argv: Sequence[str], *, log_path: Path,
+                 env: Mapping[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> None:
+        self.argv = [str(part) for part in argv]
+        self.log_path = log_path
+        self.env = dict(env or {})
+        self.grace_s = grace_s
+        self.started_at = 0.0
+        self._process: Process | None = None
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid, which is also the group's id."""
+        if self._process is None:
+            raise RuntimeError("the server has not been started")
+        return self._process.pid
+
+    def start(self) -> None:
+        """Start the process; OSError when it cannot be (no such program)."""
+        self._process = start_process(self.argv, log_path=self.log_path,
+                                      env={**os.environ, **self.env})
+        self.started_at = self._process.started_at
+        with _live_lock:
+            _live.add(self)
+
+    def poll(self) -> int | None:
+        """The exit code once the leader has exited, else None."""
+        return None if self._process is None else self._process.poll()
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Wait up to *timeout_s* for the leader to exit; its exit code, or None."""
+        return None if self._process is None else self._process.wait(timeout_s)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def first_exception(self) -> str | None:
+        """The first exception line of the log (its root cause, usually), shortened."""
+        try:
+            with self.log_path.open("rb") as log:
+                text = log.read(4 << 20).decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if match := _EXCEPTION_LINE.match(line.strip()):
+                found = match.group(1)
+                return found if len(found) <= 300 else found[:299] + "…"
+        return None
+
+    def stop(self) -> None:
+        """Stop the whole group (the runner's `stop_group`: SIGTERM, SIGKILL after grace_s)
+        and note it in the log. Once only."""
+        process = self._process
+        with self._stop_lock:
+            if process is None or self._stopped:
+                return
+            self._stopped = True
+        try:
+            code = process.stop(self.grace_s)
+        finally:
+            with _live_lock:
+                _live.discard(self)
+        with contextlib.suppress(OSError), self.log_path.open("ab") as log:
+            log.write(f"\nenginectl: server stopped (exit code {code})\n".encode())
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+
+# --- readiness --------------------------------------------------------------------------------
+
+
+class NotReadyError(Exception):
+    """The server exited, timed out, or answered without generating before it was ready."""
+
+    def __init__(self, reason: str, log_tail: str, cause: str | None = None) -> None:
+        self.reason = reason if cause is None else f"{reason}; the log says: {cause}"
+        self.log_tail = log_tail
+        self.cause = cause
+        super().__init__(self.reason)
+
+
+def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: float,
+               poll_s: float = READY_POLL_S) -> float:
+    """Poll until a one-token completion succeeds; the seconds from start (cold start).
+    Raises NotReadyError at once when the process exits, after READY_FAILURES answers that are
+    errors (503 excepted), or when *timeout_s* passes."""
+    body = {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    deadline = server.started_at + timeout_s
+    failures, last, answered = 0, "no answer yet", None  # answered: the last HTTP answer
+
+    def seen() -> str:
+        return f"last answer: {answered}" if answered else f"last probe: {last}"
+
+    while True:
+        code = server.poll()
+        if code is not None:
+            raise NotReadyError(f"the server exited with code {code} before it was ready "
+                                f"({seen()})", server.log_tail(), server.first_exception())
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise NotReadyError(f"not ready after {timeout_s:g} s ({seen()})",
+                                server.log_tail(), server.first_exception())
+        try:
+            answer = client.post("/v1/completions", body,
+                                 timeout_s=min(client.timeout_s, remaining))
+        except TRANSPORT_ERRORS as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            if answer.ok and answer.choices:
+                return time.monotonic() - server.started_at
+            last = answered = f"HTTP {answer.status}: {answer.error_text()}"
+            failures += answer.status != 503
+            if failures >= READY_FAILURES:
+                raise NotReadyError(
+                    f"the server answers but cannot generate: {answered} (/health says "
+                    f"{_health(client)})", server.log_tail(), server.first_exception())
+        server.wait(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def _health(client: Client) -> str:
+    try:
+        return f"HTTP {client.get('/health', timeout_s=5).status}"
+    except TRANSPORT_ERRORS as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SmokeReport:
+    passed: bool
+    checks: list[Check]
+    load: list[LoadLevel]
+    ready_s: float | None  # cold start: process start to the first successful generation
+    best_output_tokens_per_s: float | None
+    cost_per_million_tokens: float | None  # at the best level, with price_per_hour
+    price_per_hour: float | None
+    log_path: Path
+    argv: list[str]
+    failure: str | None  # "<check>: <message>" of the first failing check
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON values that any JSON column takes (registry.sql.smoke_records.add_smoke_report
+        stores this): NUL characters a model may generate become U+2400 (␀), and a float
+        that is not finite becomes None."""
+        safe: dict[str, Any] = _json_safe({
+            "passed": self.passed, "failure": self.failure, "ready_s": self.ready_s,
+            "best_output_tokens_per_s": self.best_output_tokens_per_s,
+            "cost_per_million_tokens": self.cost_per_million_tokens,
+            "price_per_hour": self.price_per_hour, "log_path": str(self.log_path),
+            "argv": list(self.argv), "checks": [c.as_dict() for c in self.checks],
+            "load": [level.as_dict() for level in self.load],
+        })
+        return safe
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\u2400")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
+def smoke(
+    argv_template: Sequence[str],
+    *,
+    model_dir: Path,
+    served_name: str,
+    settings: SmokeSettings,
+    max_input_len: int,
+    price_per_hour: float | None,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    reference: Sequence[tuple[str, str]] | None = None,
+    threshold: float | None = None,
+) -> SmokeReport:
+    """Serve *model_dir* with *argv_template*, check it and load it (see the module doc).
+
+    *reference* pairs a prompt with the text its greedy `settings.max_tokens`-token completion
+    must be: exactly (*threshold* None, bf16), or with at least *threshold* of the tokens
+    agreeing position by position (quantized). *env* adds to the server's environment."""
+    port = free_port()
+    argv = render_argv(argv_template, model_dir=model_dir, port=port)
+    client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+    checks: list[Check] = []
+    load: list[LoadLevel] = []
+    ready_s: float | None = None
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(Server(argv, log_path=log_path, env=env))
+        except OSError as exc:
+            checks.append(Check("ready", False, f"cannot start {argv[0]}: {exc}", {"argv": argv}))
+        else:
+            try:
+                ready_s = wait_ready(server, client, served_name,
+                                     timeout_s=settings.ready_timeout_s)
+            except NotReadyError as exc:
+                checks.append(Check("ready", False, exc.reason,
+                                    {"cause": exc.cause, "log_tail": exc.log_tail}))
+            else:
+                checks.append(Check("ready", True, f"generated after {ready_s:.1f} s",
+                                    {"ready_s": ready_s}))
+                found, load = run_checks(client, served_name, settings,
+                                         max_input_len=max_input_len, reference=reference,
+                                         threshold=threshold)
+                checks += found
+                if (code := server.poll()) is not None:
+                    checks.append(Check("alive", False, f"the server exited with code {code}",
+                                        {"log_tail": server.log_tail()}))
+    best = max((level.output_tokens_per_s for level in load), default=None)
+    failed = next((c for c in checks if not c.passed), None)
+    return SmokeReport(
+        passed=failed is None, checks=checks, load=load, ready_s=ready_s,
+        best_output_tokens_per_s=best,
+        cost_per_million_tokens=cost_per_million_tokens(price_per_hour, best),
+        price_per_hour=price_per_hour, log_path=log_path, argv=argv,
+        failure=None if failed is None else " ".join(f"{failed.name}: {failed.message}".split()),
+    )
+
+
+def measure(
+    argv_template: Sequence[str],
+    *,
+    model_dir: Path,
+    served_name: str,
+    settings: SmokeSettings,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+) -> list[LoadLevel]:
+    """Serve *model_dir* with *argv_template* and run one round of the load at each of
+    *settings*' concurrency levels (no checks: the artifact has passed its smoke), then stop
+    the server. NotReadyError when it cannot start or never becomes ready."""
+    port = free_port()
+    argv = render_argv(argv_template, model_dir=model_dir, port=port)
+    client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+    try:
+        server = Server(argv, log_path=log_path, env=env)
+        server.start()
+    except OSError as exc:
+        raise NotReadyError(f"cannot start {argv[0]}: {exc}", "") from exc
+    try:
+        wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
+        body = load_body(client, served_name, settings)
+        return [run_level(client, body, settings.prompts, concurrency=c,
+                          requests=settings.requests) for c in settings.concurrency]
+    finally:
+        server.stop()

@@ -1,0 +1,283 @@
+"""smoke_here: serve an artifact with its real server and prove it answers
+(`pipeline.serving.smoke` does the serving; this module decides whether this machine can,
+what to serve, and records the verdict: `record_verdict`, for a build and `enginectl smoke`).
+
+An engine serves itself; a no-build entry serves the checkpoint it names as its input. The
+server argv is the one the plan built for the smoke run, with `{port}` chosen at start.
+
+Quarantine means the artifact failed. A machine that cannot serve it — no GPU of its SKU,
+vLLM's Python without vllm, no `trtllm-serve` — is found out before the server starts
+(`unavailable`, `cannot_serve_here`), and a server that dies at start because its runtime is
+missing (`No module named 'vllm'`, no CUDA driver) is read as the machine's fault too
+(`machine_fault`): the artifact's status stays as it was and the reason is printed. A passing
+re-smoke moves a quarantined artifact back to `ready` (`enginectl smoke REF`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from pipeline.host.runtimes import program, vllm_in
+from pipeline.recipe.schema import SmokeSettings
+from pipeline.stages.serve import trtllm_served_name, vllm_form
+
+if TYPE_CHECKING:
+    from pipeline.deploy.pull import Tokenizer
+    from pipeline.planning.plan import StageRun
+    from pipeline.planning.toolchain import Toolchain
+    from pipeline.serving.smoke import SmokeReport
+    from pipeline.settings import Settings
+    from registry.context import Context
+    from registry.identity.manifest import Manifest
+    from registry.sql.records import ArtifactRecord
+
+# What a server that could not start for want of its runtime says (the ready check's
+# message, the log's first exception, its tail): never a property of the artifact.
+_MACHINE_FAULTS: Final = re.compile(
+    r"cannot start \S+: \[Errno \d+\]"
+    r"|No module named '?(?:vllm|tensorrt_llm|tensorrt|torch)\b[\w.]*'?"
+    r"|no CUDA-capable device|No CUDA GPUs are available|Found no NVIDIA driver"
+    r"|CUDA driver version is insufficient|NVIDIA driver on your system is too old"
+    r"|libcuda\.so[.\d]*: cannot open|Failed to initialize NVML"
+)
+
+
+def unavailable(run: StageRun, settings: Settings, local_gpu: str | None) -> str | None:
+    """Why this machine cannot smoke *run* (None when it can)."""
+    runtime = str(run.params.get("runtime"))
+    if run.gpu == "CPU":
+        if runtime != "vllm":
+            return "only vLLM entries are served on the CPU"
+        return vllm_in(settings.vllm_python).problem
+    if local_gpu != run.gpu:
+        return f"it needs a {run.gpu} and this machine has {local_gpu or 'no GPU'}"
+    if runtime in ("trtllm", "trtllm-pytorch") and program("trtllm-serve") is None:
+        return "trtllm-serve is not on PATH"
+    if runtime == "vllm":
+        return vllm_in(settings.vllm_python).problem
+    return None
+
+
+def cannot_serve_here(argv: list[str], record: ArtifactRecord,
+                      local_gpu: str | None) -> str | None:
+    """Why this machine cannot serve *record* with *argv* (None when it can): its server
+    program, vLLM in the Python that would run it, and for an engine its GPU SKU."""
+    if vllm_form(argv) is not None:
+        return vllm_in(argv[0]).problem
+    if program(argv[0]) is None:
+        return f"{argv[0]!r} is not on PATH"
+    if Path(argv[0]).name == "trtllm-serve":
+        if record.kind == "trtllm-engine" and record.gpu and local_gpu != record.gpu:
+            return (f"the engine is built for a {record.gpu} and this machine has "
+                    f"{local_gpu or 'no GPU'}")
+        if local_gpu is None:
+            return "trtllm-serve needs an NVIDIA GPU and this machine has none"
+    return None
+
+
+def machine_fault(report: SmokeReport) -> str | None:
+    """The reason, when *report* failed only because this machine lacks the server's
+    runtime: its server never became ready and says so."""
+    ready = report.check("ready")
+    if report.passed or ready is None or ready.passed:
+        return None
+    details = ready.evidence or {}
+    for text in (ready.message, details.get("cause"), details.get("log_tail")):
+        found = _MACHINE_FAULTS.search(str(text or ""))
+        if found:
+            return f"the server could not start here: {found.group(0)} (log {report.log_path})"
+    return None
+
+
+def record_verdict(ctx: Context, digest: str, report: SmokeReport, *, log: Path,
+                   gpu: str, toolchain: dict[str, Any], key: str | None = None) -> None:
+    """Record *report* as *digest*'s smoke evidence (measured on *gpu* with *toolchain*, with
+    its *log*), and move *digest* to `ready` on a pass, `quarantined` on a failure
+    (`registry.sql.history.record_smoke`)."""
+    from registry.sql import history
+
+    history.record_smoke(
+        ctx, digest, report.passed, report.as_dict(),
+        status="ready" if report.passed else "quarantined",
+        reason=None if report.passed else f"smoke failed: {report.failure}",
+        log=log, gpu=gpu, toolchain=toolchain, key=key)
+
+
+def _fix(digest: str, record: ArtifactRecord) -> str:
+    """What to do when this machine cannot smoke *digest* (the error's last part)."""
+    return (f"its status stays {record.status}; fix this machine or smoke it on one that "
+            f"can, then rerun `enginectl smoke {digest}`")
+
+
+def run_smoke(
+    argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
+    max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
+    reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
+) -> SmokeReport:
+    from pipeline.serving.smoke import smoke
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else None
+    return smoke(argv, model_dir=model_dir, served_name=answers_to(argv, model_dir, served_name),
+                 settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
+                 log_path=log_path, env=env, reference=reference, threshold=threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """How this machine serves a registered engine or entry: the argv (with its model
+    directory and tokenizer filled in, `{port}` left), that directory, fetched, and the
+    smoke settings of the recipe that made it."""
+
+    digest: str
+    record: ArtifactRecord
+    argv: list[str]
+    model_dir: Path
+    served_name: str
+    settings: SmokeSettings
+    env: dict[str, str] | None
+
+
+def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
+    """Find *ref*'s server argv and fetch what it serves (module doc). UsageError for what
+    cannot be served; `MachineError` when this machine cannot serve it."""
+    import yaml
+
+    from pipeline.errors import MachineError
+    from pipeline.planning.capacity import too_few_gpus
+    from pipeline.planning.toolchain import probe
+    from registry.errors import UsageError
+    from registry.ops.fetch import load_manifest
+    from registry.ops.fetch_files import fetch_manifest
+    from registry.sql import build_inputs, records
+    from registry.sql.refs import resolve_ref
+
+    with ctx.registry.session(readonly=True) as session:
+        digest = resolve_ref(session, ref)
+        record = records.get_artifact(session, digest)
+        text = (build_inputs.get_recipe_text(session, record.recipe_digest)
+                if record is not None and record.recipe_digest else None)
+    manifest = load_manifest(ctx, digest)
+    serve, tokenizer = _serve_of(ctx, digest, manifest, record)
+    if record is None or not serve.get("argv"):
+        raise UsageError(f"{digest} records no server argv; only engines and entries "
+                         "built by enginectl, and imported engines, can be smoke-tested")
+    if record.status == "deleted":
+        raise UsageError(f"{digest} is deleted")
+    source = digest if serve.get("model_dir") == "self" else manifest.inputs[0]
+    model_dir = settings.work_dir / "inputs" / source.removeprefix("sha256:")[:16]
+    argv = [str(part).replace("{model_dir}", str(model_dir)) for part in serve["argv"]]
+    vllm = vllm_form(argv) is not None
+    if vllm:
+        argv[0] = settings.vllm_python  # vLLM's environment on this machine
+    here = None if vllm else probe(settings).toolchain.gpu
+    if (reason := cannot_serve_here(argv, record, here)
+            or too_few_gpus(manifest.labels)) is not None:
+        raise MachineError(f"cannot smoke {digest} here", reason, _fix(digest, record))
+    if not model_dir.is_dir():
+        fetch_manifest(ctx.store, load_manifest(ctx, source), model_dir, cache=ctx.cache)
+    argv = _with_tokenizer(ctx, tokenizer, argv, model_dir)
+    smoke_settings = SmokeSettings()
+    if text is not None:  # only the smoke section: the source may not be on this machine
+        section = (yaml.safe_load(text) or {}).get("smoke") or {}
+        smoke_settings = SmokeSettings.model_validate(section)
+    return Served(digest, record, argv, model_dir,
+                  answers_to(argv, model_dir, record.model), smoke_settings,
+                  {"VLLM_CPU_KVCACHE_SPACE": "1"} if record.gpu is None else None)
+
+
+def answers_to(argv: list[str], model_dir: Path, name: str) -> str:
+    """The model id the server answers to: *name*, or for trtllm-serve (which has no
+    served-name option) what it makes of its model argument."""
+    if Path(argv[0]).name != "trtllm-serve":
+        return name
+    model = argv[1].replace("{model_dir}", str(model_dir))
+    return trtllm_served_name(model, is_dir=Path(model).is_dir())
+
+
+def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, SmokeReport]:
+    """`enginectl smoke REF`: serve a registered engine or entry here with the argv its
+    manifest records, record the report, and move it to `ready` or `quarantined` (a pass
+    also clears a quarantine). `MachineError` when this machine cannot serve it: then
+    nothing is recorded and its status stays."""
+    from pipeline.errors import MachineError
+    from pipeline.settings import Settings
+    from registry.context import Context
+
+    settings = settings or Settings.from_env()
+    ctx = Context()
+    try:
+        served = prepare_served(ctx, ref, settings)
+        digest, record = served.digest, served.record
+        log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
+        report = run_smoke(
+            served.argv, model_dir=served.model_dir, served_name=record.model,
+            settings=served.settings, max_input_len=record.max_input_len or 128,
+            price_per_hour=served.settings.gpu_price_per_hour.get(record.gpu or "CPU"),
+            log_path=log, cpu=record.gpu is None,
+        )
+        if (fault := machine_fault(report)) is not None:
+            raise MachineError(f"cannot smoke {digest} here", fault, _fix(digest, record))
+        measured = _where(settings)  # the evidence says where it was measured
+        record_verdict(ctx, digest, report, log=log, gpu=measured.gpu or "CPU",
+                       toolchain=measured.as_dict())
+        return digest, report
+    finally:
+        ctx.close()
+
+
+def _serve_of(ctx: Context, digest: str, manifest: Manifest, record: ArtifactRecord | None
+              ) -> tuple[dict[str, Any], Tokenizer | None]:
+    """The serve template *manifest* records, and for an engine (an imported one: the plain
+    trtllm-serve command) where its tokenizer directory comes from
+    (`pipeline.deploy.pull.engine_tokenizer`). UsageError for an engine without one: it
+    could answer completions but never chat, and smoke never proves one on completions
+    alone."""
+    from pipeline.deploy.command import template
+    from pipeline.deploy.pull import engine_tokenizer
+    from registry.errors import UsageError
+
+    serve = dict(manifest.serve or {})
+    if record is None or record.kind != "trtllm-engine":
+        return serve, None
+    tokenizer = engine_tokenizer(ctx, manifest)
+    if tokenizer is None:
+        raise UsageError(f"{digest} has no tokenizer directory and no source checkpoint in "
+                         "its provenance, so it cannot serve chat and is not smoke-tested; "
+                         "re-import it with `enginectl import DIR --kind trtllm-engine "
+                         "--tokenizer-from HF_DIR|REF`")
+    if not serve.get("argv"):
+        found = template(digest, manifest.kind, manifest.labels, None)
+        serve = {"argv": list(found.argv), "model_dir": found.model_dir}
+    return serve, tokenizer
+
+
+def _with_tokenizer(ctx: Context, tokenizer: Tokenizer | None, argv: list[str],
+                    model_dir: Path) -> list[str]:
+    """An engine's *argv* with `--tokenizer <model_dir>/tokenizer`, fetched there from its
+    source checkpoint when it does not carry it (one published before engines did)."""
+    from registry.identity.manifest import FileEntry, Manifest
+    from registry.ops.fetch_files import fetch_manifest
+    from registry.tokenizer import TOKENIZER_DIR
+
+    if tokenizer is None:
+        return argv
+    where = model_dir / TOKENIZER_DIR
+    if tokenizer.source is not None and not where.is_dir():
+        files = tuple(FileEntry(e.path.removeprefix(f"{TOKENIZER_DIR}/"), e.size, e.xxh3,
+                                e.sha256) for e in tokenizer.files)
+        fetch_manifest(ctx.store, Manifest(kind="hf-checkpoint", files=files), where,
+                       cache=ctx.cache)
+    if "--tokenizer" in argv[:-1]:
+        at = argv.index("--tokenizer") + 1
+        return [*argv[:at], str(where), *argv[at + 1:]]
+    return [*argv, "--tokenizer", str(where)]
+
+
+def _where(settings: Settings) -> Toolchain:
+    """This machine's fingerprint (GPU SKU through the catalog; None without a GPU)."""
+    from pipeline.planning.toolchain import probe
+
+    return probe(settings).toolchain

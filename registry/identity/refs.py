@@ -1,0 +1,71 @@
+"""Refs: what users type for an artifact — a full digest, a unique prefix of at least 12 hex
+digits (with or without `sha256:`), or an alias name. The rules only: reading them against a
+database is `registry.sql.refs` (SQLAlchemy) and `registry.sql.lookup` (the driver alone)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from registry.errors import RecordNotFoundError, UsageError, did_you_mean
+
+MIN_PREFIX: Final = 12
+_HEX: Final = re.compile(r"^(sha256:)?[0-9a-f]+$")
+ALIAS_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,199}$")
+
+
+def valid_alias_name(name: str) -> bool:
+    """Whether *name* is an alias name: lowercase letters, digits, `.`, `_`, `-` and `/`
+    between segments that are neither empty nor `.` or `..`, and not all hex digits."""
+    return (
+        ALIAS_NAME.fullmatch(name) is not None
+        and not _HEX.match(name)
+        and all(part not in ("", ".", "..") for part in name.split("/"))
+    )
+
+
+def check_alias_name(name: str) -> str:
+    if not valid_alias_name(name):
+        raise UsageError(
+            f"alias {name!r} is not a valid name: lowercase letters, digits, '.', '_', '-', "
+            "and '/' between parts that are not empty, '.' or '..'; not all hex digits (that "
+            "would read as a digest prefix); e.g. llama70b/h100/prod"
+        )
+    return name
+
+
+def unknown_alias(what: str, name: str, known: Iterable[str]) -> RecordNotFoundError:
+    """RecordNotFoundError (exit 6) for the alias *name*, with the closest known alias."""
+    close = did_you_mean(name, known).removeprefix("; ")
+    return RecordNotFoundError(
+        what, name, hint=f"{close + ' ' if close else ''}`enginectl ls` lists artifacts and "
+                         "their aliases")
+
+
+def resolve_with(
+    ref: str, find_by_prefix: Callable[[str], list[str]], get_alias: Callable[[str], str | None],
+    alias_names: Callable[[], Iterable[str]] = tuple,
+) -> str:
+    """The rules of resolving a ref over any reader of the registry (`registry.sql.refs` reads
+    it with SQLAlchemy, `registry.sql.lookup` without); *alias_names* lists the aliases when
+    *ref* names none."""
+    if _HEX.match(ref):
+        hex_part = ref.removeprefix("sha256:")
+        if len(hex_part) < MIN_PREFIX:
+            raise UsageError(
+                f"digest prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits"
+            )
+        matches = find_by_prefix(hex_part)
+        if len(matches) > 1:
+            shown = ", ".join(m[:19] + "…" for m in matches[:5])
+            raise UsageError(f"digest prefix {ref!r} is ambiguous: {shown}")
+        if not matches:
+            raise RecordNotFoundError(
+                "artifact", ref, hint="`enginectl ls` lists what is registered"
+            )
+        return matches[0]
+    digest = get_alias(ref)
+    if digest is None:
+        raise unknown_alias("alias or artifact", ref, alias_names())
+    return digest

@@ -1,0 +1,244 @@
+"""Placing a fetched artifact's files: where they may go, then all or nothing.
+
+Blobs come through the local cache (parallel downloads, verified with xxh3-128 while
+streaming), then are placed into a temporary directory beside the target
+(`registry.staging`), which is renamed into place only when every file checked out;
+`strict` re-hashes every placed file with xxh3-128 and sha256, cache hits included. A
+failure leaves the target as it was. A target is never one of `protected_places`, nor a
+folder above one, nor in a view of the kernel (`check_target_place`).
+
+What to fetch (a ref, its manifest, its status) is decided before, by `registry.ops.fetch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from registry.errors import IntegrityError, ManifestError, StoppedError, UsageError
+from registry.identity.digest import Digest, digest_file
+from registry.identity.manifest import FileEntry, Manifest
+from registry.ops.damage import set_aside_damaged_blob
+from registry.progress import NoProgress, Progress
+from registry.staging import clear_abandoned, stage_beside, swap_into_place
+from registry.store.base import Store
+from registry.store.cache import BlobCache
+from registry.workers import WORKERS, Workers
+
+Verify = Literal["fast", "strict"]
+PSEUDO_FILE_SYSTEMS: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
+"""Kernel views a fetch never writes into."""
+INSIDE_REFUSED: Final = ("the store", "the fetch cache")
+"""Places a target may not lie inside, as well as not be or be above (pull's and fetch's
+command line add older fetch caches and enginectl's home: `pipeline.deploy.guard`)."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    manifest: Manifest
+    path: Path
+    downloaded_bytes: int
+    cached_bytes: int
+    notes: tuple[str, ...] = ()
+    """What the caller should tell the user (the CLI prints them on stderr): an artifact
+    fetched before it was proven to serve, or one fetched despite its status."""
+
+
+def _check_target(dest: Path, force: bool) -> None:
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise UsageError(f"{dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise UsageError(f"{dest} is not empty; fetch into an empty directory or pass --force")
+
+
+def protected_places(store: Store, cache: BlobCache,
+                     extra: Iterable[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
+    """What a fetch (or pull) target may never be, nor be a folder above: `/`, the working
+    directory, the user's home, the store (`file://`) and the cache, plus *extra*
+    (enginectl's home)."""
+    places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
+              *(("an older fetch cache", root) for root in cache.legacy), *extra]
+    for what, where in (("the working directory", Path.cwd), ("your home directory",
+                                                             Path.home)):
+        with contextlib.suppress(OSError, RuntimeError):  # a removed cwd, no HOME
+            places.append((what, where()))
+    root = getattr(store, "root", None)
+    if isinstance(root, Path):
+        places.append(("the store", root))
+    return places
+
+
+def check_target_place(dest: Path, places: Iterable[tuple[str, Path]], verb: str = "fetch",
+                       inside: Iterable[str] = INSIDE_REFUSED) -> Path:
+    """*dest* made absolute with `..` folded away; UsageError when it is, or is above, one of
+    *places*, lies inside one of those named in *inside*, or lies in /proc, /sys or /dev.
+    *verb* names the command in the message (fetch, pull)."""
+    inside = frozenset(inside)
+    absolute = _lexical(dest)
+    seen = {absolute, _resolved(absolute)}
+    for what, place in places:
+        for known in {_lexical(place), _resolved(place)}:
+            for candidate in seen:
+                if candidate == known or candidate in known.parents:
+                    raise UsageError(
+                        f"refusing to {verb} into {dest}: it is {what} ({known}) or a folder "
+                        f"above it; {verb} into a directory of its own, e.g. -o ./model")
+                if what in inside and known in candidate.parents:
+                    raise UsageError(f"refusing to {verb} into {dest}: it is inside {what} "
+                                     f"({known}); {verb} into a directory of its own")
+    for candidate in seen:
+        for pseudo in PSEUDO_FILE_SYSTEMS:
+            if candidate == pseudo or pseudo in candidate.parents:
+                raise UsageError(f"refusing to {verb} into {dest}: {pseudo} is a view of the "
+                                 f"kernel, not storage; {verb} into a directory on a disk")
+    return absolute
+
+
+def _lexical(path: Path) -> Path:
+    """*path* absolute, with `.` and `..` parts folded away as written (no links followed)."""
+    return Path(os.path.normpath(path.absolute()))
+
+
+def _resolved(path: Path) -> Path:
+    """*path* with its links followed; as written when they loop."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return _lexical(path)
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """Where *relative* goes under *root*; never outside it (manifests are checked on parse,
+    this is the second lock)."""
+    target = root.joinpath(*relative.split("/"))
+    if not target.resolve().is_relative_to(root.resolve()):
+        raise ManifestError(f"file path {relative!r} leaves the target directory")
+    return target
+
+
+def _strict(path: Path, entry: FileEntry) -> None:
+    """`--verify strict` of a placed file: xxh3-128 and sha256 (a hard link to a cache entry,
+    or a copy enginectl just made, so it is hashed through mmap)."""
+    found = digest_file(path, mapped=True)
+    if found.xxh3 != entry.xxh3:
+        raise IntegrityError(entry.path, expected=entry.xxh3, actual=found.xxh3)
+    if found.sha256 is not None and found.sha256 != entry.sha256:  # always set: with_sha256
+        raise IntegrityError(entry.path, expected=entry.sha256, actual=found.sha256)
+
+
+class _Run:
+    """One fetch's moving parts, shared by its worker threads."""
+
+    def __init__(self, store: Store, manifest: Manifest, cache: BlobCache,
+                 progress: Progress) -> None:
+        self.store, self.manifest, self.cache, self.progress = store, manifest, cache, progress
+        self.by_digest = {entry.xxh3: entry for entry in manifest.files}
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.downloaded = 0
+
+    def download(self, digest: Digest) -> None:
+        entry = self.by_digest[digest]
+        try:
+            self.cache.fill(digest, lambda temp: self.store.get_blob(
+                digest, temp, size=entry.size, progress=self.progress.advance, stop=self.stop))
+        except IntegrityError as exc:
+            aside = set_aside_damaged_blob(self.store, digest, exc)
+            if aside:
+                hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish "
+                        "the same content again (`enginectl import`, or rebuild) to restore it")
+            elif exc.actual is None:
+                hint = ("read again whole, it was not proven damaged and stays in the store: "
+                        "the server or something on the way answers wrongly; retry the fetch")
+            else:
+                hint = ("read again, it gave other bytes: the network or the server is "
+                        "corrupting transfers; retry the fetch")
+            raise IntegrityError(f"{entry.path} ({exc.location})", expected=exc.expected,
+                                 actual=exc.actual, detail=exc.detail, hint=hint) from exc
+        with self._lock:
+            self.downloaded += entry.size
+
+    def place(self, entry: FileEntry, staging: Path, *, cached: bool, verify: Verify) -> None:
+        target = _inside(staging, entry.path)
+        if not self.cache.place(entry.xxh3, target):
+            # changed since it was verified (someone edited a fetched copy): fetch it again
+            self.download(entry.xxh3)
+            if not self.cache.place(entry.xxh3, target):
+                raise IntegrityError(str(self.cache.path(entry.xxh3)), expected=entry.xxh3,
+                                     actual=None, detail="a cache entry that keeps changing")
+        if verify == "strict":
+            try:
+                _strict(target, entry)
+            except IntegrityError:
+                self.cache.evict(entry.xxh3)
+                raise
+        if cached:
+            self.progress.advance(entry.size)
+
+    def kept(self) -> str:
+        """For the message of an interrupted fetch: what the cache holds of this artifact."""
+        have = [d for d in self.by_digest if self.cache.path(d).is_file()]
+        size = sum(self.by_digest[d].size for d in have)
+        return (f"{len(have)} of {len(self.by_digest)} blobs ({size} of "
+                f"{self.manifest.size} bytes) are in the cache {self.cache.root}")
+
+
+def fetch_manifest(
+    store: Store,
+    manifest: Manifest,
+    dest: Path | str,
+    *,
+    cache: BlobCache,
+    verify: Verify = "fast",
+    force: bool = False,
+    progress: Progress | None = None,
+    protect: Iterable[tuple[str, Path]] = (),
+    named: Path | None = None,
+) -> Fetched:
+    """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*, and
+    never one of `protected_places` (or above one). Ctrl-C (KeyboardInterrupt) stops every
+    transfer at its next chunk and raises StoppedError saying what the cache kept and that
+    *named* (the directory the user asked for, when *dest* is staged for it; else *dest*)
+    was left as it was."""
+    dest = check_target_place(Path(dest), protected_places(store, cache, protect))
+    clear_abandoned(dest, "fetch")  # first: it may put back what a killed fetch had set aside
+    _check_target(dest, force)
+    run = _Run(store, manifest, cache, progress or NoProgress())
+    pool = Workers(WORKERS, name="fetch")
+    staging: Path | None = None
+    try:
+        found = list(pool.map(lambda d: cache.verified(d, run.by_digest[d].size) is not None,
+                              run.by_digest))
+        cached = {d for d, ok in zip(run.by_digest, found, strict=True) if ok}
+        missing = [d for d in run.by_digest if d not in cached]
+        run.progress.start("fetching", manifest.size)
+        staging = stage_beside(dest, "fetch")
+        list(pool.map(run.download, missing))
+        list(pool.map(lambda e: run.place(e, staging, cached=e.xxh3 in cached, verify=verify),
+                      manifest.files))
+        staging.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
+        swap_into_place(staging, dest)
+    except KeyboardInterrupt as exc:
+        run.stop.set()  # in-flight reads end at their next chunk; daemon threads never wait
+        pool.shutdown(wait=False, cancel_futures=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        run.progress.finish()
+        raise StoppedError(f"interrupted: {named or dest} was left as it was; {run.kept()}; "
+                           "run the same fetch again to resume from them") from exc
+    except BaseException:
+        run.stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # nothing writes into staging after
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        run.progress.finish()
+    pool.shutdown()
+    return Fetched(manifest, dest, run.downloaded, manifest.size - run.downloaded)

@@ -1,0 +1,104 @@
+"""ls and show: what the registry holds, with aliases, provenance and smoke reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from registry.sql import alias_records, leases, records, smoke_records
+from registry.sql.aliases import pinned_by_rollback
+from registry.sql.evidence import Evidence, evidence_for
+from registry.sql.refs import resolve_ref
+
+if TYPE_CHECKING:
+    from registry.context import Context
+
+
+def artifact_dict(record: records.ArtifactRecord, aliases: list[str]) -> dict[str, Any]:
+    data = asdict(record)
+    data.pop("files")
+    for name in ("created_at", "updated_at"):
+        if data[name] is not None:
+            data[name] = data[name].isoformat()
+    return data | {"aliases": aliases}
+
+
+def _evidence(found: list[Evidence]) -> list[dict[str, Any]]:
+    return [{"gpu": e.gpu, "best_tokens_per_s": e.best_tokens_per_s,
+             "passed_at": e.passed_at.isoformat()} for e in found]
+
+
+def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
+    """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first,
+    each with the GPUs its smoke runs passed on (`evidence`)."""
+    with ctx.registry.session(readonly=True) as session:
+        found = records.list_artifacts(session, **filters)
+        evidence = evidence_for(session, [r.digest for r in found])
+        return [artifact_dict(r, alias_records.aliases_for(session, r.digest))
+                | {"evidence": _evidence(evidence[r.digest])} for r in found]
+
+
+def show(ctx: Context, ref: str) -> dict[str, Any]:
+    """Everything known about one artifact: its row, manifest, aliases (and the rollbacks
+    that pin them: `pins`), smoke reports, and its provenance as a tree of input artifacts
+    down to the source checkpoint."""
+    from registry.ops.fetch import load_manifest
+
+    with ctx.registry.session(readonly=True) as session:
+        digest = resolve_ref(session, ref)
+        record = records.get_artifact(session, digest)
+        assert record is not None  # noqa: S101 - resolve_ref only returns registered digests
+        aliases = alias_records.aliases_for(session, digest)
+        reports = [
+            {"passed": r.passed, "created_at": r.created_at.isoformat(), "gpu": r.gpu,
+             "toolchain": r.toolchain, "key": r.key, "report": r.report}
+            for r in smoke_records.smoke_reports(session, digest)
+        ]
+        evidence = _evidence(evidence_for(session, [digest])[digest])
+        history = {name: [
+            {"digest": e.digest, "previous": e.previous_digest, "at": e.at.isoformat(),
+             "note": e.note, "details": e.details}
+            for e in alias_records.alias_history(session, name)
+        ] for name in aliases}
+        pins = [pin.as_dict() for name in aliases
+                if (pin := pinned_by_rollback(session, name)) is not None]
+        manifest = load_manifest(ctx, digest)
+        run = leases.get_stage_run(session, record.key) if record.key else None
+        provenance = _provenance(ctx, session, manifest.inputs, seen={digest})
+    return {
+        "artifact": artifact_dict(record, aliases),
+        "manifest": manifest.as_dict(),
+        "alias_history": history,
+        "pins": pins,
+        "smoke_reports": reports,
+        "evidence": evidence,
+        "provenance": provenance,
+        "stage_run": None if run is None else {
+            "status": run.status, "host": run.host, "node_id": run.node_id, "pid": run.pid,
+            "started_at": run.started_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+            "log": run.log_location, "recipe_digest": record.recipe_digest,
+        },
+    }
+
+
+def _provenance(
+    ctx: Context, session: Any, inputs: tuple[str, ...], seen: set[str]
+) -> list[dict[str, Any]]:
+    """Input artifacts, each with its own inputs, as far as the store has their manifests."""
+    from registry.errors import NotFoundError
+    from registry.ops.fetch import load_manifest
+
+    tree = []
+    for digest in sorted(inputs):
+        record = records.get_artifact(session, digest)
+        node: dict[str, Any] = {"digest": digest, "kind": record.kind if record else None,
+                                "key": record.key if record else None}
+        if digest not in seen:
+            try:
+                parents = load_manifest(ctx, digest).inputs
+            except NotFoundError:
+                parents = ()
+            node["inputs"] = _provenance(ctx, session, parents, seen | {digest})
+        tree.append(node)
+    return tree

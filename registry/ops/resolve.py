@@ -1,0 +1,301 @@
+"""Resolve: which artifact should a node with this GPU serve? Pure ranking, no I/O.
+
+Order (DESIGN §5, §6b): by the evidence nearest the node's fingerprint
+(`registry.sql.evidence.nearest`): artifacts proven on the fingerprint the node has now (its SKU,
+and every field it reports of the driver and the artifact's runtime) first, then the ones
+whose latest proof is on the same SKU and driver branch, then on the same SKU only, then
+those with no proof on the SKU at all; all but the first are "unproven" on this fingerprint,
+the middle two saying which proof is nearest. Within each, compiled engines for the exact SKU
+first, then TRT-LLM PyTorch-backend checkpoints, then vLLM entries (the fallback that always
+runs); within a kind the higher throughput of *the proof used* (the latest at that match,
+never the best ever recorded) wins, then the newer artifact. Throughput measured on another
+GPU (a CPU smoke run of a vLLM entry, say) never ranks anything. Every artifact that is not a
+candidate gets a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from registry.gpus import GpuSpec, quant_supported
+
+if TYPE_CHECKING:
+    from sqlalchemy import Select
+    from sqlalchemy.orm import Session
+
+    from registry.context import Context
+    from registry.sql.evidence import Used
+
+KIND_ORDER: Final = ("trtllm-engine", "trtllm-checkpoint", "vllm")
+PREFER: Final = {"engine": "trtllm-engine", "checkpoint": "trtllm-checkpoint", "vllm": "vllm"}
+# Toolchain parts an engine must share with the node that loads it.
+ENGINE_TOOLCHAIN: Final = ("trtllm", "tensorrt")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    digest: str
+    kind: str
+    model: str
+    status: str
+    created_at: datetime
+    gpu: str | None = None
+    quant: str | None = None
+    kv_cache_dtype: str | None = None
+    tp: int = 1
+    max_batch_size: int | None = None
+    max_seq_len: int | None = None
+    pp: int = 1  # pipeline stages: it needs tp × pp GPUs on one node
+    toolchain: Mapping[str, Any] = field(default_factory=dict)
+    tokens_per_s: float | None = None  # the throughput of the proof used (`used`)
+    proven: bool = False  # a smoke report passed on the request's fingerprint
+    evidence: tuple[str, ...] = ()  # GPUs it passed on (filled in by resolve with explain)
+    used: Used | None = None  # the proof it is ranked by, and how near (module doc)
+
+    @property
+    def match_rank(self) -> int:
+        """0 proven on this fingerprint … 3 no proof on this SKU (`evidence.MATCHES`)."""
+        return self.used.rank if self.used is not None else 0 if self.proven else 3
+
+    def unproven_note(self, gpu: str) -> str | None:
+        """`unproven on H100-SXM5-80GB (proven on CPU)`, `unproven on this fingerprint
+        (nearest proof: …)`, or None when proven there."""
+        if self.proven:
+            return None
+        used = self.used
+        if used is not None and used.proof is not None:
+            by = "same SKU and driver branch" if used.match == "driver branch" else "same SKU"
+            return (f"unproven on this fingerprint of {gpu} (nearest proof, {by}, "
+                    f"{used.proof.at.date().isoformat()}: {', '.join(used.differs)})")
+        elsewhere = [g for g in self.evidence if g != gpu]
+        where = f"proven on {', '.join(elsewhere)}" if elsewhere else "no smoke evidence there"
+        return f"unproven on {gpu} ({where})"
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    gpu: GpuSpec
+    gpu_count: int | None = None  # GPUs on the node; None: do not check tp × pp
+    min_seq_len: int | None = None
+    min_batch: int | None = None
+    prefer: tuple[str, ...] = ()  # "engine", "checkpoint", "vllm": tried in this order first
+    toolchain: Mapping[str, Any] = field(default_factory=dict)  # the node's, if known
+
+
+@dataclass(frozen=True)
+class Ranked:
+    candidates: list[Candidate]
+    rejected: list[tuple[Candidate, str]]
+    gpu: str | None = None  # the SKU it ranked for
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)  # the node's, as compared
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "fingerprint": {"gpu": self.gpu, **self.fingerprint},
+            "candidates": [_describe(c, self.gpu) for c in self.candidates],
+            "rejected": [{**_describe(c, self.gpu), "reason": reason}
+                         for c, reason in self.rejected],
+        }
+
+    def reasons(self) -> list[str]:
+        """One line per artifact that is not a candidate, and per unproven candidate."""
+        lines = [f"{c.digest[:19]}… {c.kind}: {reason}" for c, reason in self.rejected]
+        if self.gpu is not None:
+            lines += [f"{c.digest[:19]}… {c.kind}: {note}" for c in self.candidates
+                      if (note := c.unproven_note(self.gpu)) is not None]
+        return lines
+
+
+def _describe(candidate: Candidate, gpu: str | None) -> dict[str, Any]:
+    return {
+        "digest": candidate.digest,
+        "kind": candidate.kind,
+        "gpu": candidate.gpu,
+        "quant": candidate.quant,
+        "tp": candidate.tp,
+        "pp": candidate.pp,
+        "max_batch_size": candidate.max_batch_size,
+        "max_seq_len": candidate.max_seq_len,
+        "status": candidate.status,
+        "tokens_per_s": candidate.tokens_per_s,
+        "proven": candidate.proven,
+        "evidence": list(candidate.evidence),
+        "evidence_used": (candidate.used or _no_proof()).as_dict(),
+        "note": None if gpu is None else candidate.unproven_note(gpu),
+        "created_at": candidate.created_at.isoformat(),
+    }
+
+
+def rejection(  # noqa: PLR0911 - one return per rule reads best
+    candidate: Candidate, request: Request
+) -> str | None:
+    """Why *candidate* cannot serve *request*, or None if it can."""
+    gpu = request.gpu
+    if candidate.model != request.model:
+        return f"model {candidate.model}, not {request.model}"
+    if candidate.kind not in KIND_ORDER:
+        return f"{candidate.kind} is an intermediate, not servable"
+    if candidate.status != "ready":
+        return f"not ready (status {candidate.status})"
+    if candidate.kind == "trtllm-engine" and candidate.gpu != gpu.sku:
+        return f"GPU mismatch: engine built for {candidate.gpu}, node has {gpu.sku}"
+    if candidate.kind == "trtllm-engine":
+        for part in ENGINE_TOOLCHAIN:
+            theirs, ours = candidate.toolchain.get(part), request.toolchain.get(part)
+            if theirs and ours and theirs != ours:
+                return f"toolchain mismatch: built with {part} {theirs}, node has {ours}"
+    quant, kv = candidate.quant or "bf16", candidate.kv_cache_dtype or "auto"
+    runs_here = gpu.is_cpu or quant_supported(quant, kv, gpu.sm)
+    if candidate.kind != "trtllm-engine" and not runs_here:
+        return f"{gpu.sku} (SM {gpu.sm}) cannot run {quant} with a {kv} KV cache"
+    if gpu.is_cpu and candidate.kind != "vllm":
+        return "only vLLM entries run on the CPU"
+    if request.gpu_count is not None and candidate.tp * candidate.pp > request.gpu_count:
+        ranks = f"tp {candidate.tp}" if candidate.pp == 1 else \
+            f"tp {candidate.tp} x pp {candidate.pp} = {candidate.tp * candidate.pp} GPUs"
+        return f"needs {ranks}, node has {request.gpu_count} GPUs"
+    if request.min_seq_len and (candidate.max_seq_len or 0) < request.min_seq_len:
+        return f"shape too small: max_seq_len {candidate.max_seq_len} < {request.min_seq_len}"
+    if request.min_batch and (candidate.max_batch_size or 0) < request.min_batch:
+        return f"shape too small: max_batch_size {candidate.max_batch_size} < {request.min_batch}"
+    return None
+
+
+def rank(candidates: Iterable[Candidate], request: Request) -> Ranked:
+    order = [PREFER[p] for p in request.prefer] + list(KIND_ORDER)
+    priority = {kind: order.index(kind) for kind in KIND_ORDER}
+    accepted, rejected = [], []
+    for candidate in candidates:
+        reason = rejection(candidate, request)
+        if reason is None:
+            accepted.append(candidate)
+        else:
+            rejected.append((candidate, reason))
+    accepted.sort(key=lambda c: (c.match_rank, priority[c.kind], -(c.tokens_per_s or 0.0),
+                                 -c.created_at.timestamp()))
+    return Ranked(accepted, rejected, request.gpu.sku, node_fingerprint(request))
+
+
+def _no_proof() -> Used:
+    from registry.sql.evidence import Used  # SQLAlchemy's module: not on fetch's path
+
+    return Used("none")
+
+
+def node_fingerprint(request: Request) -> dict[str, Any]:
+    """The fields of the node's fingerprint that proofs are compared on (those it reports)."""
+    from registry.sql.evidence import MATCH_FIELDS  # SQLAlchemy's module: not on fetch's path
+
+    fields = {name for names in MATCH_FIELDS.values() for name in names}
+    return {name: value for name, value in sorted(request.toolchain.items())
+            if name in fields and value}
+
+
+def candidates_for(
+    session: Session, model: str, *, every_status: bool, gpu: str | None = None,
+    node: Mapping[str, Any] | None = None,
+) -> list[Candidate]:
+    """The servable artifacts of *model*: only `ready` ones, and only engines built for
+    *gpu*, unless *every_status* (then everything not deleted, for --explain), each with the
+    proof on *gpu* nearest the *node*'s fingerprint (`registry.sql.evidence.nearest`).
+
+    Two queries: `artifacts` (one indexed query, built once and reused, the toolchain parts an
+    engine must match read out of the JSON by the database), then the model's passing
+    reports on *gpu* (`registry.sql.evidence.proofs_on`)."""
+    from registry.sql.evidence import nearest, proofs_on
+
+    query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
+    rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
+    proofs = proofs_on(session, model, gpu) if gpu is not None and rows else {}
+    found = []
+    for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
+         trtllm, tensorrt, pp) in rows:
+        used = nearest(proofs.get(digest, []), kind, node or {})
+        found.append(Candidate(
+            digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
+            pp=pp or 1, toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
+            tokens_per_s=used.proof.tokens_per_s if used.proof else None,
+            proven=used.match == "fingerprint", used=used))
+    return found
+
+
+@functools.cache
+def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
+    from sqlalchemy import Table, and_, bindparam, or_, select
+
+    from registry.sql.models import Artifact
+
+    table: Table = Artifact.__table__  # type: ignore[assignment]
+    c = table.c
+    query = select(
+        # Candidate's fields, in order, up to toolchain, then pp
+        c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
+        c.tp, c.max_batch_size, c.max_seq_len,
+        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), c.pp,
+    ).where(c.model == bindparam("model"))
+    if every_status:
+        return query.where(c.status != "deleted", c.kind.in_(KIND_ORDER))
+    query = query.where(c.status == "ready")
+    if not by_gpu:
+        return query.where(c.kind.in_(KIND_ORDER))
+    # Spelled so that both halves are index ranges on (model, status, kind, gpu).
+    others = [kind for kind in KIND_ORDER if kind != "trtllm-engine"]
+    return query.where(or_(c.kind.in_(others),
+                           and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
+
+
+def _with_evidence(session: Session, model: str, found: list[Candidate]) -> list[Candidate]:
+    """*found* with the GPUs each passed on (for --explain: "proven on CPU"): one query over
+    the model's evidence rows (the model's index on artifacts, then primary-key probes)."""
+    from dataclasses import replace
+
+    from sqlalchemy import select
+
+    from registry.sql.models import Artifact, ArtifactEvidence
+
+    query = (select(Artifact.digest, ArtifactEvidence.gpu)
+             .join(ArtifactEvidence, ArtifactEvidence.artifact_id == Artifact.id)
+             .where(Artifact.model == model).order_by(ArtifactEvidence.gpu))
+    gpus: dict[str, list[str]] = {}
+    for digest, gpu in session.execute(query):
+        gpus.setdefault(digest, []).append(gpu)
+    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) for c in found]
+
+
+def _known_models(session: Session) -> list[str]:
+    from sqlalchemy import select
+
+    from registry.sql.models import Artifact
+
+    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
+    return sorted(session.scalars(query))
+
+
+def resolve(
+    ctx: Context, request: Request, *, explain: bool = False
+) -> Ranked:
+    """Rank the registry's artifacts of *request.model* for *request.gpu* and the node's
+    fingerprint (*request.toolchain*: what it reports; with none, every proof on the SKU is
+    on "this fingerprint").
+
+    A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
+    with the closest model it does know) instead of an empty ranking: a typo is not
+    "nothing is ready"."""
+    with ctx.registry.session(readonly=True) as session:
+        found = candidates_for(session, request.model, every_status=explain,
+                               gpu=request.gpu.sku, node=request.toolchain)
+        if explain:
+            found = _with_evidence(session, request.model, found)
+        if not found:
+            known = _known_models(session)
+            if request.model not in known:
+                from registry.errors import UnknownModelError
+
+                raise UnknownModelError(request.model, known)
+    return rank(found, request)

@@ -1,0 +1,124 @@
+"""Aliases in SQL: where each name points now, and every move it made (what `rollback`,
+`gc`'s keep rules and `alias history` read). The store half, and the one call that writes
+both, is `registry.sql.history`; the checks a user's tag goes through are `registry.sql.aliases`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from registry.errors import ConflictError, RecordNotFoundError
+from registry.sql.models import Alias, utcnow
+from registry.sql.models import AliasEvent as AliasEventRow
+from registry.sql.rows import artifact_id as row_id
+from registry.sql.rows import insert_for
+
+
+@dataclass(frozen=True, slots=True)
+class AliasEvent:
+    name: str
+    digest: str | None
+    """None when the alias was removed."""
+    previous_digest: str | None
+    at: datetime
+    note: str | None
+    details: dict[str, Any] | None = None
+
+
+def aliased_in_history(session: Session, keep_superseded: int | None = None) -> set[str]:
+    """What gc keeps for alias history: every artifact an alias points at now, and those
+    it pointed at before — all of them (*keep_superseded* None), or the last
+    *keep_superseded* distinct ones of each alias (rollback targets, and what an audit of
+    "what was prod" needs)."""
+    kept = set(session.scalars(select(Alias.digest)))
+    query = (select(AliasEventRow.name, AliasEventRow.digest)
+             .where(AliasEventRow.digest.is_not(None)).order_by(AliasEventRow.id.desc()))
+    current = dict(session.execute(select(Alias.name, Alias.digest)).tuples().all())
+    before: dict[str, list[str]] = {}
+    for name, digest in session.execute(query).tuples():
+        if digest is None or digest == current.get(name):
+            continue
+        seen = before.setdefault(name, [])
+        if digest not in seen and (keep_superseded is None or len(seen) < keep_superseded):
+            seen.append(digest)
+    for digests in before.values():
+        kept.update(digests)
+    return kept
+
+
+def insert_alias_event(session: Session, name: str, digest: str | None, previous: str | None,
+                       *, at: datetime, note: str | None = None,
+                       details: dict[str, Any] | None = None) -> None:
+    """Append one move of *name* to its history as it is (what `reindex` replays)."""
+    session.execute(insert(AliasEventRow).values(
+        name=name, digest=digest, previous_digest=previous, at=at, note=note, details=details))
+
+
+def put_alias(session: Session, name: str, digest: str | None, *, at: datetime) -> None:
+    """Make *name* point at *digest* (None: no alias) without touching its history."""
+    session.execute(delete(Alias).where(Alias.name == name))
+    if digest is not None:
+        session.execute(insert(Alias).values(name=name, digest=digest, updated_at=at))
+
+
+def set_alias(session: Session, name: str, digest: str, note: str | None = None, *,
+              details: dict[str, Any] | None = None, at: datetime | None = None,
+              always: bool = False) -> str | None:
+    """Point *name* at *digest*, record the move (with *note* and *details*, as of *at*) in
+    the history, and return the digest it pointed at before (None when new). Pointing it
+    where it already points changes nothing, unless *always* (then the history records it).
+    A deleted artifact cannot be aliased (`ConflictError`)."""
+    if row_id(session, digest, lock=False)[1] == "deleted":
+        raise ConflictError(f"artifact {digest} is deleted; it cannot be aliased", what=digest)
+    at = at or utcnow()
+    locked = select(Alias.digest).where(Alias.name == name).with_for_update()
+    previous = session.scalar(locked)
+    if previous is None:
+        stmt = insert_for(session, Alias).values(name=name, digest=digest, updated_at=at)
+        if session.execute(stmt.on_conflict_do_nothing().returning(Alias.name)).first():
+            insert_alias_event(session, name, digest, None, at=at, note=note, details=details)
+            return None
+        previous = session.scalar(locked)  # another writer created it meanwhile
+    if previous == digest:
+        if always:
+            insert_alias_event(session, name, digest, previous, at=at, note=note,
+                               details=details)
+        return previous
+    session.execute(
+        update(Alias).where(Alias.name == name).values(digest=digest, updated_at=at)
+    )
+    insert_alias_event(session, name, digest, previous, at=at, note=note, details=details)
+    return previous
+
+
+def remove_alias(session: Session, name: str, note: str | None = None, *,
+                 at: datetime | None = None) -> str:
+    """Remove *name* (history keeps an event with digest None); returns its last digest."""
+    previous = session.scalar(delete(Alias).where(Alias.name == name).returning(Alias.digest))
+    if previous is None:
+        raise RecordNotFoundError("alias", name)
+    insert_alias_event(session, name, None, previous, at=at or utcnow(), note=note)
+    return previous
+
+
+def get_alias(session: Session, name: str) -> str | None:
+    return session.scalar(select(Alias.digest).where(Alias.name == name))
+
+
+def aliases_for(session: Session, digest: str) -> list[str]:
+    return sorted(session.scalars(select(Alias.name).where(Alias.digest == digest)))
+
+
+def alias_history(session: Session, name: str) -> list[AliasEvent]:
+    """Every move of *name*, oldest first."""
+    query = (
+        select(AliasEventRow.name, AliasEventRow.digest, AliasEventRow.previous_digest,
+               AliasEventRow.at, AliasEventRow.note, AliasEventRow.details)
+        .where(AliasEventRow.name == name).order_by(AliasEventRow.id)
+    )
+    return [AliasEvent(*row) for row in session.execute(query)]

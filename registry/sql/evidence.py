@@ -1,0 +1,155 @@
+"""Evidence: where an artifact was proven to serve.
+
+- `evidence_for`: the best passing smoke throughput per GPU SKU (or "CPU"), as
+  `registry.sql.smoke_records.add_smoke_report` keeps it in `artifact_evidence`; `ls` and
+  `show` list them all.
+- `proofs_on` and `nearest`: what `registry.ops.resolve` ranks by — the latest passing proof on
+  the fingerprint the node has now, or the nearest one, said as such (`Used`): same SKU and
+  driver branch before same SKU only. Never the best number ever recorded.
+
+Reads only, inside the caller's transaction, as plain dataclasses (like `registry.sql.records`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry.sql.models import Artifact
+from registry.sql.models import ArtifactEvidence as EvidenceRow
+from registry.sql.models import SmokeReport as SmokeReportRow
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The best passing smoke throughput of one artifact on one GPU SKU (or "CPU")."""
+
+    digest: str
+    gpu: str
+    best_tokens_per_s: float | None
+    passed_at: datetime
+
+
+def evidence_for(session: Session, digests: list[str]) -> dict[str, list[Evidence]]:
+    """For each of *digests*, its passing evidence per GPU, ordered by GPU name; one query
+    per 500 digests. A digest with none (never smoked, or only by an enginectl older than
+    schema 0003) maps to an empty list."""
+    found: dict[str, list[Evidence]] = {digest: [] for digest in digests}
+    if not digests:
+        return found
+    query = (
+        select(Artifact.digest, EvidenceRow.gpu, EvidenceRow.best_tokens_per_s,
+               EvidenceRow.passed_at)
+        .join(EvidenceRow, EvidenceRow.artifact_id == Artifact.id)
+        .order_by(Artifact.digest, EvidenceRow.gpu)
+    )
+    ordered = sorted(set(digests))
+    for first in range(0, len(ordered), 500):  # bound the parameters of one statement
+        chunk = ordered[first:first + 500]
+        for row in session.execute(query.where(Artifact.digest.in_(chunk))):
+            found[row.digest].append(Evidence(*row))
+    return found
+
+
+# --- the evidence resolve ranks by: the latest proof on the node's fingerprint, or the nearest
+
+# The fingerprint fields a proof of each servable kind is compared on (the driver, and the
+# runtime that serves it); a field the node does not report is not compared.
+MATCH_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "trtllm-engine": ("driver", "cuda", "tensorrt", "trtllm"),
+    "trtllm-checkpoint": ("driver", "cuda", "trtllm"),
+    "vllm": ("driver", "vllm"),
+}
+FINGERPRINT_FIELDS: Final = ("driver", "cuda", "tensorrt", "trtllm", "vllm")
+# How near a proof is, best first; the index is the rank resolve sorts by.
+MATCHES: Final = ("fingerprint", "driver branch", "sku", "none")
+Match = Literal["fingerprint", "driver branch", "sku", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """One passing smoke report: where and when, its best throughput, and the fingerprint
+    fields (`FINGERPRINT_FIELDS`) it ran with (None: not recorded)."""
+
+    digest: str
+    gpu: str
+    at: datetime
+    tokens_per_s: float | None
+    toolchain: Mapping[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Used:
+    """The proof resolve ranked an artifact by, and how near it is to the node's
+    fingerprint: `fingerprint` (every field the node reports agrees), else the nearest:
+    `driver branch` (same SKU and driver branch, e.g. 570.x), `sku` (same SKU only), or
+    `none` (no passing report on the node's SKU)."""
+
+    match: Match
+    proof: Proof | None = None
+    differs: tuple[str, ...] = ()  # "driver 570.124.06 → 575.57.08": proof → node
+
+    @property
+    def rank(self) -> int:
+        return MATCHES.index(self.match)
+
+    def as_dict(self) -> dict[str, Any]:
+        proof = self.proof
+        return {
+            "match": "this fingerprint" if self.match == "fingerprint"
+            else "none" if self.match == "none" else "nearest",
+            "nearest_by": None if self.match in ("fingerprint", "none") else self.match,
+            "gpu": proof.gpu if proof else None,
+            "at": proof.at.isoformat() if proof else None,
+            "tokens_per_s": proof.tokens_per_s if proof else None,
+            "toolchain": dict(proof.toolchain) if proof else None,
+            "differs": list(self.differs),
+        }
+
+
+def _branch(driver: str | None) -> str | None:
+    return driver.split(".")[0] if driver else None
+
+
+def nearest(proofs: list[Proof], kind: str, node: Mapping[str, Any]) -> Used:
+    """The latest of *proofs* (passing reports on the node's SKU, oldest first) at the
+    nearest match to *node*'s fingerprint (`Used`). Pure."""
+    fields = MATCH_FIELDS.get(kind, FINGERPRINT_FIELDS)
+    known = {name: str(node[name]) for name in fields if node.get(name)}
+    best = Used("none")
+    for proof in proofs:
+        differs = tuple(f"{name} {proof.toolchain.get(name) or '?'} → {value}"
+                        for name, value in known.items() if proof.toolchain.get(name) != value)
+        match: Match = "fingerprint" if not differs else "driver branch" if (
+            known.get("driver") and _branch(proof.toolchain.get("driver"))
+            == _branch(known["driver"])) else "sku"
+        if MATCHES.index(match) <= best.rank:  # oldest first: the latest at a level wins
+            best = Used(match, proof, differs)
+    return best
+
+
+def proofs_on(session: Session, model: str, gpu: str) -> dict[str, list[Proof]]:
+    """The passing smoke reports measured on *gpu* of every artifact of *model*, oldest
+    first, by digest: one query (the model's index on artifacts, then each artifact's
+    reports), the fingerprint fields and the throughput read out of the JSON by the
+    database."""
+    report, toolchain = SmokeReportRow.report, SmokeReportRow.toolchain
+    query = (
+        select(Artifact.digest, SmokeReportRow.created_at,
+               report["best_output_tokens_per_s"].as_float(),
+               *(toolchain[name].as_string() for name in FINGERPRINT_FIELDS))
+        .join(SmokeReportRow, SmokeReportRow.artifact_id == Artifact.id)
+        .where(Artifact.model == model, SmokeReportRow.gpu == gpu,
+               SmokeReportRow.passed.is_(True))
+        .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
+    )
+    found: dict[str, list[Proof]] = {}
+    for digest, at, tokens, *values in session.execute(query):
+        found.setdefault(digest, []).append(
+            Proof(digest, gpu, at, tokens, dict(zip(FINGERPRINT_FIELDS, values, strict=True))))
+    return found

@@ -1,0 +1,100 @@
+"""Smoke reports in SQL: the evidence that an artifact serves, where it was measured, and
+the best throughput per artifact and per GPU that resolve ranks by. The store half (and the
+one call that writes both) is `registry.sql.history`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, case, insert, or_, select, update
+from sqlalchemy.orm import Session
+
+from registry.sql.models import Artifact, utcnow
+from registry.sql.models import ArtifactEvidence as EvidenceRow
+from registry.sql.models import SmokeReport as SmokeReportRow
+from registry.sql.rows import artifact_id as row_id
+from registry.sql.rows import insert_for
+
+
+@dataclass(frozen=True, slots=True)
+class SmokeReport:
+    digest: str
+    passed: bool
+    report: dict[str, Any]
+    created_at: datetime
+    gpu: str | None = None
+    """Where it ran: a catalog SKU or "CPU"; None for reports from before schema 0003."""
+    toolchain: dict[str, Any] | None = None
+    key: str | None = None
+    """The smoke stage key that produced it (None for `enginectl smoke` and old reports)."""
+
+
+def add_smoke_report(
+    session: Session, digest: str, passed: bool, report: dict[str, Any], *,
+    gpu: str | None = None, toolchain: dict[str, Any] | None = None, key: str | None = None,
+    created_at: datetime | None = None,
+) -> None:
+    """Attach a smoke report to *digest* (its status is the caller's to move), measured on
+    *gpu* (a catalog SKU or "CPU"; None: unknown) with *toolchain*, by the smoke run *key*,
+    as of *created_at* (now; `reindex` gives the recorded time).
+
+    A passing report's throughput raises the artifact's `best_tokens_per_s`, and, when *gpu*
+    is known, the artifact's evidence on that GPU (`artifact_evidence`), which resolve ranks
+    by: a report from elsewhere proves nothing about the node's own SKU."""
+    artifact_id = row_id(session, digest)[0]
+    now = created_at or utcnow()
+    session.execute(
+        insert(SmokeReportRow).values(
+            artifact_id=artifact_id, passed=passed, report=report, created_at=now,
+            gpu=gpu, toolchain=toolchain, key=key,
+        )
+    )
+    if not passed:
+        return
+    found = report.get("best_output_tokens_per_s")
+    best = float(found) if isinstance(found, int | float) and not isinstance(found, bool) \
+        else None
+    if best is not None:
+        # One conditional UPDATE: concurrent reports can only raise the value.
+        column = Artifact.best_tokens_per_s
+        session.execute(
+            update(Artifact)
+            .where(Artifact.id == artifact_id, or_(column.is_(None), column < best))
+            .values(best_tokens_per_s=best)
+        )
+    if gpu is not None:
+        _raise_evidence(session, artifact_id, gpu, best, now)
+
+
+def _raise_evidence(
+    session: Session, artifact_id: int, gpu: str, best: float | None, now: datetime
+) -> None:
+    """Upsert the (artifact, gpu) evidence row: one atomic statement, so concurrent reports
+    can only raise the best throughput; `passed_at` is the latest pass."""
+    table = cast(Table, EvidenceRow.__table__)
+    stmt = insert_for(session, EvidenceRow).values(
+        artifact_id=artifact_id, gpu=gpu, best_tokens_per_s=best, passed_at=now)
+    current, offered = table.c.best_tokens_per_s, stmt.excluded.best_tokens_per_s
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["artifact_id", "gpu"],
+        set_={
+            "best_tokens_per_s": case(
+                (or_(current.is_(None), current < offered), offered), else_=current),
+            "passed_at": stmt.excluded.passed_at,
+        },
+    )
+    session.execute(stmt)
+
+
+def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
+    """Smoke reports of *digest*, oldest first, each with where it ran."""
+    query = (
+        select(SmokeReportRow.passed, SmokeReportRow.report, SmokeReportRow.created_at,
+               SmokeReportRow.gpu, SmokeReportRow.toolchain, SmokeReportRow.key)
+        .where(SmokeReportRow.artifact_id == row_id(session, digest)[0])
+        .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
+    )
+    return [SmokeReport(digest, *row) for row in session.execute(query)]

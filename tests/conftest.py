@@ -1,0 +1,62 @@
+"""How the suite shares its costly fixtures when pytest-xdist runs it on several workers.
+
+scripts/test runs `pytest -n 4 --dist loadgroup`: tests are spread one by one over the workers,
+except those in one `xdist_group`, which run on one worker. A module- or session-scoped fixture
+is made once per worker that asks for it, and a few cost tens of seconds each (a Ray cluster,
+the tiny Llama and its quantized checkpoints, a vLLM model, a built wheel). Every test that uses
+one of those is put in the group named after it (where it is defined, and its name), so it is
+made once. A test that uses several goes with the session-scoped one, the most widely shared.
+
+Fixtures used in more than one folder are defined here or in the plugins below, never imported
+by a test module: the S3 servers, buckets and stores (tests/integration/s3_fixtures.py), the
+registry databases (tests/integration/db_fixtures.py), and `vllm_python`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+from tests.models import unavailable
+
+pytest_plugins = ("tests.integration.s3_fixtures", "tests.integration.db_fixtures")
+
+SHARED = frozenset({
+    "ray_cluster",  # tests/ray: four raylets
+    "tiny_model", "fp8_checkpoint",  # tests/quantize: the tiny Llama, a real modelopt export
+    "tiny_models",  # tests/smoke: the tiny Llamas vLLM serves
+    "built",  # tests/deploy/test_vllm_cpu.py: an entry built and pulled
+    "seeded",  # tests/integration/test_compare.py: a registry with smoked engines
+    "installed",  # tests/e2e/test_packaging.py: the wheel, installed in a fresh venv
+})
+"""The costly fixtures shared by several tests (by name; the scope is read from pytest)."""
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """scripts/install-vllm's python; the tests that need it skip without it, and fail
+    instead under CI=true."""
+    proc = subprocess.run([str(ROOT / "scripts" / "install-vllm"), "--check"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        unavailable(proc.stderr.strip() or "vLLM's CPU build is not installed; "
+                    "run scripts/install-vllm", "vLLM's CPU build is")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        definitions = getattr(item, "_fixtureinfo", None)
+        if definitions is None:
+            continue
+        shared = []
+        for name in SHARED.intersection(getattr(item, "fixturenames", ())):
+            fixture = definitions.name2fixturedefs[name][-1]  # the one this test gets
+            if fixture.scope in ("session", "module"):
+                shared.append((fixture.scope != "session", fixture.baseid, name))
+        if shared:
+            _, where, name = min(shared)
+            item.add_marker(pytest.mark.xdist_group(f"{where or 'tests'}::{name}"))

@@ -1,0 +1,38 @@
+"""`enginectl` as a user runs it in the end-to-end tests (a fresh process from the repository
+root, offline, with its own home) and the one-line error a bad input must give."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+GOOD_RECIPE = Path("recipes") / "llama70b-h100.yaml"
+PREFIX = "enginectl: error: "
+
+
+def enginectl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process, from the repository root, offline, with its own home."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENGINECTL_HOME": str(home)}
+    env.pop("ENGINECTL_WORK_DIR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(PREFIX)
+    return lines[0]
