@@ -11,12 +11,17 @@ files and chat template (its own `config.json` is TRT-LLM's), and an engine copi
 `tokenizer/` from its checkpoint. trtllm-serve is started with `--tokenizer <engine>/tokenizer`:
 it loads the model config from the tokenizer path with transformers' AutoConfig, which an
 engine's own config.json is not.
+
+An engine build starts from its pool's TensorRT timing cache and stores the one trtllm-build
+wrote (`pipeline.stages.timing_cache`); those flags are added here, at run time, so the cache
+never enters the build key, and nothing about it fails the build.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,8 @@ from pipeline.planning.plan import Plan, PlannedTarget, StageRun
 from pipeline.settings import Settings
 from pipeline.stages.build import plugin_mismatches
 from pipeline.stages.snapshot import snapshot
+from pipeline.stages.timing_cache import for_build
+from registry.store.base import Store
 from registry.tokenizer import HF_CONFIG, TOKENIZER_DIR, TOKENIZER_FILES
 
 ENTRY_FILE = "enginectl-entry.json"
@@ -40,6 +47,7 @@ class StageJob:
     inputs: dict[str, Path]  # input key -> local directory with its files
     input_digests: tuple[str, ...]
     log_path: Path
+    store: Store | None = None  # an engine build's TensorRT timing cache is kept there
 
 
 @dataclass(frozen=True)
@@ -84,11 +92,11 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-def _run_tool(job: StageJob, out: Path, timeout_s: float) -> None:
+def _run_tool(job: StageJob, out: Path, timeout_s: float, extra: Sequence[str] = ()) -> None:
     argv = job.run.make_argv(lambda key: job.inputs[key], out)
     if argv is None:
         raise StageError(job.run.stage, job.run.key, "no program to run")
-    result = run_process(argv, log_path=job.log_path, timeout_s=timeout_s)
+    result = run_process([*argv, *extra], log_path=job.log_path, timeout_s=timeout_s)
     if not result.ok:
         why = "timed out" if result.timed_out else f"{argv[0]} exited {result.returncode}"
         raise StageError(job.run.stage, job.run.key, why, target=job.run.targets[0],
@@ -189,7 +197,11 @@ def run_stage(job: StageJob) -> StageResult:
 
 def _build_engine(job: StageJob, checkpoint: Path, out: Path) -> StageResult:
     run, target = job.run, _target(job).target
-    _run_tool(job, _fresh(out), job.plan.loaded.recipe.build.timeout_s)
+    tensorrt = job.plan.toolchains.for_gpu(target.gpu.sku).tensorrt
+    cache = for_build(job.store, target.gpu, tensorrt, run.workdir,
+                      python=job.settings.python, log_path=job.log_path)
+    _run_tool(job, _fresh(out), job.plan.loaded.recipe.build.timeout_s, extra=cache.flags())
+    cache.publish()
     config = _read_json(out / "config.json", job)
     build = config.get("build_config") or {}
     shape = target.shape

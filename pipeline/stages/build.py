@@ -6,6 +6,10 @@ reduce_fusion override above it) turns some plugin features off, or on, with onl
 enginectl applies the same rules here and emits what TRT-LLM will really build, so the argv,
 the build key (the flags are its params) and `plan` all say what the engine is; the build
 stage then reads the engine's config.json and fails if its plugin_config says otherwise.
+
+The TensorRT timing cache flags (--input_timing_cache, --output_timing_cache) are not here:
+they change how long a build takes, not what the engine computes, so they stay out of the
+flags and the key and are added when the build runs (`pipeline.stages.timing_cache`).
 """
 
 from __future__ import annotations

@@ -12,11 +12,24 @@ against an independent reading, not against itself. Sources read (NVIDIA/TensorR
         the same era as build.py above: no auto_parallel, lora_helper, pydantic PluginConfig)
     tensorrt_llm/_common.py, stored version id 39614393 (check_max_num_tokens)
     tensorrt_llm/plugin/plugin.py @c20322ffd3dc (PluginConfig fields and defaults)
+
+The timing cache (`use_timing_cache`) follows the same two files: commands/build.py
+@65f1d1536e18 defines --input_timing_cache (default None: "This option is ignored if the
+file does not exist.")
+and --output_timing_cache (default 'model.cache') and hands both to BuildConfig.from_dict as
+they are; builder.py (stored version id 205252225) reads the input in
+Builder.create_builder_config ("set timing cache": a missing file is warned about and a fresh
+cache created; a cache TensorRT cannot create is replaced by a fresh one; then
+set_timing_cache(cache, ignore_mismatch=False)), and build() has rank 0 alone call
+Builder.save_timing_cache(builder_config, build_config.output_timing_cache), which opens that
+path as given: a relative path is the current directory's, never --output_dir's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 from typing import Any
 
 # PluginConfig's fields and their defaults (plugin.py PluginConfig); the dtype plugins hold a
@@ -236,3 +249,69 @@ def build_config(args: dict[str, Any], pretrained: dict[str, Any], *, sm: int
         architecture=str(pretrained.get("architecture")),
         tp_size=int(mapping.get("tp_size") or 1), sm=sm)
     return build, warnings
+
+
+def layer_tactics(build: dict[str, Any], pretrained: dict[str, Any], *, sm: int
+                  ) -> dict[str, dict[str, str]]:
+    """What the TensorRT builder times for rank 0 of this engine: one entry per distinct layer
+    configuration (a repeated layer is timed once), keyed by kind, dtype and the shapes of the
+    optimisation profile, so that engines of another shape share some entries (the norm) and
+    not others (the GEMMs over max_num_tokens). The tactic and its time are made up, but the
+    same for the same key and SM."""
+    dtype = build["plugin_config"]["dtype"]
+    mapping = pretrained.get("mapping") or {}
+    tp = int(mapping.get("tp_size") or 1)
+    hidden = int(pretrained.get("hidden_size") or 0)
+    inter = int(pretrained.get("intermediate_size") or 4 * hidden)
+    vocab = int(pretrained.get("vocab_size") or 0)
+    tokens, batch = build["max_num_tokens"], build["max_batch_size"]
+    keys = [
+        f"rmsnorm|{dtype}|hidden={hidden}",
+        f"gemm|{dtype}|m={tokens}|n={3 * hidden // tp}|k={hidden}",
+        f"gemm|{dtype}|m={tokens}|n={hidden}|k={hidden // tp}",
+        f"gemm|{dtype}|m={tokens}|n={2 * inter // tp}|k={hidden}",
+        f"gemm|{dtype}|m={tokens}|n={hidden}|k={inter // tp}",
+        f"attention|{dtype}|batch={batch}|seq={build['max_seq_len']}",
+        f"gemm|{dtype}|m={batch}|n={vocab // tp}|k={hidden}",
+    ]
+    tactics = {}
+    for key in keys:
+        digest = hashlib.sha256(f"{sm}|{key}".encode()).hexdigest()
+        tactics[key] = {"tactic": f"0x{digest[:16]}", "ms": f"{int(digest[16:20], 16) / 1e4:.4f}"}
+    return tactics
+
+
+def use_timing_cache(args: dict[str, Any], tactics: dict[str, dict[str, str]],
+                     trt: Any, log: list[str]) -> dict[str, Any]:
+    """Rank 0's timing cache, as builder.py handles it with *trt* (the `tensorrt` module; the
+    stand-in's, tests/fakes/python/tensorrt): read --input_timing_cache when the file exists,
+    time *tactics* against it, write --output_timing_cache (default 'model.cache', relative to
+    the current directory). Appends TRT-LLM's log lines to *log*; returns what a test records:
+    {"input_timing_cache", "loaded" (entries read, None when none was used), "hits", "misses",
+    "output_timing_cache" (the absolute path written), "entries" (how many it holds)}.
+    Raises BuildRefused as build() does when there was no cache to save."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    config = trt.Builder(logger).create_builder_config()
+    source = args.get("input_timing_cache")
+    cache = None
+    if source is not None:
+        if Path(source).exists():
+            cache = config.create_timing_cache(Path(source).read_bytes())
+        else:
+            log.append("[TRT-LLM] [W] Invalid timing cache, using freshly created one")
+    loaded = None if cache is None else len(cache.entries)
+    if cache is None:
+        cache = config.create_timing_cache(b"")
+    if not config.set_timing_cache(cache, ignore_mismatch=False):
+        loaded = None
+    hits, misses = trt.stand_in_time_layers(config, tactics)
+    target = args.get("output_timing_cache") or "model.cache"  # BuildConfig's default
+    written = config.get_timing_cache()
+    if written is None:
+        log.append("[TRT-LLM] [W] No timing cache found in the given builder config, skip "
+                   "saving.")
+        raise BuildRefused("AssertionError: Failed to save timing cache.")
+    Path(target).write_bytes(bytes(memoryview(written.serialize())))
+    log.append(f"[TRT-LLM] [I] Timing cache serialized to {target}")
+    return {"input_timing_cache": source, "loaded": loaded, "hits": hits, "misses": misses,
+            "output_timing_cache": str(Path(target).resolve()), "entries": len(written.entries)}

@@ -89,7 +89,7 @@ def engine_dir(root: Path, model: Path) -> Path:
     convert = convert_argv(sys.executable, FAKES / "examples", family="llama", model_dir=model,
                            output_dir=checkpoint, dtype="bfloat16", tp=1, pp=1, workers=1)
     for argv in (convert, [sys.executable, str(FAKES / "bin" / "trtllm-build"), *build[1:]]):
-        subprocess.run(argv, check=True, capture_output=True, timeout=120)
+        subprocess.run(argv, check=True, capture_output=True, timeout=120, cwd=root)
     return engine
 
 
