@@ -130,6 +130,9 @@ def show_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"  smoke     {verdict} at {report['created_at']} on "
                      f"{report.get('gpu') or 'an unknown GPU (before schema 0003)'}"
                      + _versions(report.get("toolchain")))
+    for warm in info.get("warm_caches") or ():
+        lines.append(f"  warm      {warm['digest']} ({_size(warm['size'])}) captured on "
+                     f"{warm.get('gpu') or '-'}" + _versions(warm.get("toolchain")))
     run = info.get("stage_run")
     if run:
         node = f" (Ray node {run['node_id']})" if run.get("node_id") else ""

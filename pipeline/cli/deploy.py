@@ -48,6 +48,9 @@ def _selection_options(func: F) -> F:
                           "instead of the one found here."),
         click.option("--allow-unready", is_flag=True,
                      help="Take a REF that is built or quarantined, not proven to serve."),
+        click.option("--no-warm", "no_warm", is_flag=True,
+                     help="Leave out the warm cache (compile and tuning caches) captured for "
+                          "this node: the runtime starts cold."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -83,8 +86,8 @@ def _notes(notes: tuple[str, ...]) -> None:
 @handle_errors
 def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
          min_seq_len: int | None, min_batch: int | None, prefer: tuple[str, ...], host: str,
-         port: int, executable: str | None, allow_unready: bool, output: Path, verify: str,
-         force: bool, as_json: bool) -> None:
+         port: int, executable: str | None, allow_unready: bool, no_warm: bool, output: Path,
+         verify: str, force: bool, as_json: bool) -> None:
     """Fetch REF, or what this node should serve of --model, with everything it serves from,
     into a directory; write its serve.json and print the command that serves it here.
 
@@ -104,7 +107,7 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
             min_seq_len=min_seq_len, min_batch=min_batch, prefer=prefer, host=host, port=port,
             executable=executable, allow_unready=allow_unready,
             verify="strict" if verify == "strict" else "fast", force=force,
-            progress=progress())
+            progress=progress(), warm=not no_warm)
     _notes(pulled.notes)
     if as_json:
         echo_json(pulled.as_dict())
@@ -122,7 +125,7 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
 @handle_errors
 def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
           min_seq_len: int | None, min_batch: int | None, prefer: tuple[str, ...], host: str,
-          port: int, executable: str | None, allow_unready: bool) -> None:
+          port: int, executable: str | None, allow_unready: bool, no_warm: bool) -> None:
     """Pull REF (or what this node should serve of --model) if needed and run its server in
     the foreground; signals go to the server, and its exit code is enginectl's.
 
@@ -147,5 +150,6 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
         code = serve_artifact(
             ctx, ref, model=model, gpu=gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
             min_batch=min_batch, prefer=prefer, host=host, port=port, executable=executable,
-            allow_unready=allow_unready, progress=progress(), started=started)
+            allow_unready=allow_unready, progress=progress(), started=started,
+            warm=not no_warm)
     sys.exit(code)

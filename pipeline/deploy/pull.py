@@ -30,7 +30,10 @@ answers completions but not chat.
 `serve.json` (schema `enginectl.serve/v1`) holds the digest, kind, model, runtime, the
 executable found here, the argv for this node (`{model_dir}` filled in, `--host`/`--port` as
 asked, an engine's `--tokenizer`), the served model name, the tokenizer directory (None where
-the runtime needs none or none was found) and the digests placed. What DIR may be, and what
+the runtime needs none or none was found), the digests placed, and the warm cache
+(`pipeline.deploy.warm`): its digest, the runtime's cache variables (`env`, relative to
+`cwd`, the directory itself) — a server started from serve.json runs in `cwd` with `env`
+set; without a warm cache `env` is empty and argv runs from anywhere. What DIR may be, and what
 in it may be replaced, is `pipeline.deploy.guard.check_target`'s one rule, checked before
 anything is read: an absent or empty directory, or one an earlier pull filled (with *force*,
 an earlier fetch too), and never the store, the cache, a home or the working directory.
@@ -48,6 +51,7 @@ from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
+from pipeline.deploy.warm import Warm, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.fetch import artifact_manifest, cached_manifest, find, lazy_store
@@ -90,11 +94,18 @@ class Pulled:
     notes: tuple[str, ...] = ()  # what the caller should tell the user (stderr)
     tokenizer_dir: str | None = None  # an engine's --tokenizer directory, when it has one
     evidence: dict[str, Any] | None = None  # the proof resolve ranked it by (no REF)
+    warm_cache: str | None = None  # the warm cache placed in DIR/.warm (pipeline.deploy.warm)
+    env: dict[str, str] = field(default_factory=dict)  # its variables, relative to DIR
 
     @property
     def command(self) -> str:
-        """The argv as one shell-quoted line: what `enginectl pull` prints."""
-        return shlex.join(self.argv)
+        """The argv as one shell-quoted line: what `enginectl pull` prints (with a warm
+        cache, started from DIR with the runtime's cache variables)."""
+        if not self.env:
+            return shlex.join(self.argv)
+        variables = [f"{name}={value}" for name, value in sorted(self.env.items())]
+        return (f"cd {shlex.quote(str(self.directory))} && "
+                f"{shlex.join(['env', *variables, *self.argv])}")
 
     def serve_json(self) -> dict[str, Any]:
         """The content of `serve.json`."""
@@ -103,7 +114,8 @@ class Pulled:
             "runtime": self.runtime, "executable": self.executable, "argv": self.argv,
             "host": self.host, "port": self.port, "model_dir": str(self.directory),
             "served_model_name": self.served_model_name, "sources": list(self.sources),
-            "tokenizer_dir": self.tokenizer_dir,
+            "tokenizer_dir": self.tokenizer_dir, "cwd": str(self.directory),
+            "env": dict(self.env), "warm_cache": self.warm_cache,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -316,12 +328,15 @@ def merged(selection: Selection) -> Manifest:
 
 
 def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str, port: int,
-               downloaded_bytes: int = 0, cached_bytes: int = 0) -> Pulled:
-    """What serves *selection* from *dest* on this node. Pure."""
+               downloaded_bytes: int = 0, cached_bytes: int = 0,
+               warm: Warm | None = None) -> Pulled:
+    """What serves *selection* from *dest* on this node (with *warm*'s cache, if any). Pure."""
     tokenizer = selection.tokenizer
     tokenizer_dir = None if tokenizer is None else str(dest / TOKENIZER_DIR)
     argv = node_argv(selection.template, executable=runtime.executable, model_dir=str(dest),
                      host=host, port=port, tokenizer_dir=tokenizer_dir)
+    if warm is not None:
+        argv = warm.argv(argv)
     manifest = selection.manifest
     sources = tuple(str(m.digest) for m in selection.sources)
     if tokenizer is not None and tokenizer.source is not None:
@@ -332,24 +347,29 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
         executable=runtime.executable, argv=argv, host=host, port=port,
         served_model_name=served_name(argv, runtime.name, str(dest)),
         sources=sources, downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes,
-        notes=selection.notes, tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
+        notes=selection.notes + ((warm.note,) if warm and warm.note else ()),
+        tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
+        warm_cache=None if warm is None else warm.digest,
+        env={} if warm is None else dict(warm.env),
     )
 
 
 def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runtime,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
-          progress: Progress | None = None) -> Pulled:
+          progress: Progress | None = None, warm: bool = True) -> Pulled:
     """Put *selection*'s files and its `serve.json` at *dest*, all or nothing
     (`pipeline.deploy.target.staged`), replacing what is there: *dest* is one `check_target`
-    accepted (`pull`) or enginectl's own (`serve`'s serving directory)."""
+    accepted (`pull`) or enginectl's own (`serve`'s serving directory). With *warm*, the
+    warm cache captured for this node goes in `.warm/` (`pipeline.deploy.warm`)."""
     dest = Path(dest).absolute()
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
     with staged(dest, digest=selection.found.digest) as tree:
         fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
                                  verify=verify, progress=progress, named=dest)
+        placed = place_warm(ctx, selection.manifest, tree) if warm else None
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                             downloaded_bytes=fetched.downloaded_bytes,
-                            cached_bytes=fetched.cached_bytes)
+                            cached_bytes=fetched.cached_bytes, warm=placed)
         write_json(tree / SERVE_FILE, pulled.serve_json())
     return pulled
 
@@ -372,9 +392,11 @@ def pull(
     verify: Verify = "fast",
     force: bool = False,
     progress: Progress | None = None,
+    warm: bool = True,
 ) -> Pulled:
     """Pull *ref*, or (with *model* and no *ref*) what resolve ranks first for *gpu*, into
-    *dest*, and write the command that serves it on this node (module doc)."""
+    *dest*, and write the command that serves it on this node (module doc); *warm* False
+    (`--no-warm`) leaves the warm cache out."""
     request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer)
     dest = check_target(dest, force=force, verb="pull", places=protected_places(ctx))
@@ -382,4 +404,4 @@ def pull(
     runtime = find_runtime(selection.template.runtime, executable=executable)
     ctx.begin(store=False)  # a cache hit needs no store
     return place(ctx, selection, dest, runtime=runtime, host=host, port=port, verify=verify,
-                 progress=progress)
+                 progress=progress, warm=warm)

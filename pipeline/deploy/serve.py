@@ -32,7 +32,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
@@ -50,6 +50,7 @@ from pipeline.deploy.pull import (
 )
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
+from pipeline.deploy.warm import WARM_DIR, Warm
 from pipeline.host.runner import start_process
 from pipeline.planning.capacity import serving_shortfall
 from registry.store.cache import check_file, file_stamp
@@ -162,26 +163,41 @@ def _locked(dest: Path) -> Iterator[None]:
 
 
 def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,
-            progress: Progress | None = None) -> Pulled:
+            progress: Progress | None = None, warm: bool = True) -> Pulled:
     """*selection* in its serving directory, pulled there unless it is complete already."""
     dest = serving_dir(ctx, selection.found.digest)
     with _locked(dest):
-        return _prepare(ctx, selection, runtime, dest, host=host, port=port, progress=progress)
+        return _prepare(ctx, selection, runtime, dest, host=host, port=port, progress=progress,
+                        warm=warm)
 
 
 def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
-             port: int, progress: Progress | None) -> Pulled:
+             port: int, progress: Progress | None, warm: bool) -> Pulled:
     stamps = _complete(ctx, dest, selection)
     if stamps is None:
         pulled = place(ctx, selection, dest, runtime=runtime, host=host, port=port,
-                       progress=progress)
+                       progress=progress, warm=warm)
         _write_stamps(dest, _placed_stamps(dest, selection))
         return pulled
     _write_stamps(dest, stamps)
     pulled = pulled_for(selection, runtime, dest, host=host, port=port,
-                        cached_bytes=merged(selection).size)
+                        cached_bytes=merged(selection).size, warm=_kept_warm(dest, warm))
     write_json(dest / SERVE_FILE, pulled.serve_json())
     return pulled
+
+
+def _kept_warm(dest: Path, warm: bool) -> Warm | None:
+    """The warm cache an earlier start placed in *dest* (its serve.json names it and
+    `.warm/` is there), which the runtime has been adding to since; None without one."""
+    try:
+        data = json.loads((dest / SERVE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    env = data.get("env") if isinstance(data, dict) else None
+    if not warm or not data.get("warm_cache") or not isinstance(env, dict) \
+            or not (dest / WARM_DIR).is_dir():
+        return None
+    return Warm(str(data["warm_cache"]), {str(k): str(v) for k, v in env.items()})
 
 
 def serve(
@@ -200,6 +216,7 @@ def serve(
     allow_unready: bool = False,
     progress: Progress | None = None,
     started: Callable[[Pulled], None] | None = None,
+    warm: bool = True,
 ) -> int:
     """Pull *ref* (or what resolve ranks first for *model* on *gpu*) and run its server here
     until it exits; its exit code. *started* is told what runs, just before it starts.
@@ -211,11 +228,12 @@ def serve(
     if (short := serving_shortfall(selection.manifest.labels)) is not None:  # before a pull
         raise short.error(f"cannot serve {selection.found.digest} here")
     runtime = find_runtime(selection.template.runtime, executable=executable)
-    pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress)
+    pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress,
+                     warm=warm)
     ctx.close()  # the server may run for weeks: hold no database connection meanwhile
     if started is not None:
         started(pulled)
-    return run_foreground(pulled.argv, cwd=pulled.directory)
+    return run_foreground(pulled.argv, cwd=pulled.directory, env=pulled.env)
 
 
 # --- the process ------------------------------------------------------------------------------
@@ -248,13 +266,14 @@ def exit_code(returncode: int) -> int:
 
 
 def run_foreground(argv: Sequence[str], *, cwd: Path | None = None,
-                   grace_s: float = STOP_GRACE_S) -> int:
+                   env: Mapping[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> int:
     """Run *argv* until it exits, passing signals on to its process group; its exit code.
     The server starts through the process runner, whose guard ends its group if enginectl
     dies (even of SIGKILL, which cannot be passed on); what it leaves in its group when it
     exits is stopped by the runner's `stop_group` (SIGTERM, SIGKILL after *grace_s*)."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    process = start_process(argv, log_path=None, cwd=cwd)
+    process = start_process(argv, log_path=None, cwd=cwd,
+                            env={**os.environ, **env} if env else None)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         process.signal_group(signum)

@@ -179,10 +179,17 @@ class StageWorker:
                argv: list[str], started: float, *, guard: LeaseGuard) -> Outcome:
         """Serve *entry* with *argv* under the smoke run's lease, and record the verdict
         (none when the lease was lost meanwhile: the server was stopped under it)."""
-        from pipeline.serving.smoke_here import machine_fault, record_verdict, run_smoke
+        from pipeline.serving.smoke_here import (
+            capture_warm,
+            machine_fault,
+            record_verdict,
+            run_smoke,
+        )
+        from pipeline.serving.warm import launch
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
+        warm = launch(argv, run.workdir / "serve")
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,
@@ -190,7 +197,7 @@ class StageWorker:
             log_path=self._log(run), cpu=target.gpu.is_cpu,
             reference=[(r.prompt, r.output) for r in recipe.smoke.reference] or None,
             threshold=None if target.quant in ("bf16", "fp16")
-            else recipe.smoke.reference_agreement,
+            else recipe.smoke.reference_agreement, started=warm,
         )
         guard.check()
         if self.cancel.is_set():  # the server was stopped under it: no evidence either way
@@ -203,6 +210,8 @@ class StageWorker:
             return self._awaits_smoke(run, entry, record, fault)
         record_verdict(self.ctx, entry, report, log=self._log(run), gpu=target.gpu.sku,
                        toolchain=dict(run.toolchain), key=run.key)
+        if report.passed:
+            capture_warm(self.ctx, self.settings, entry, warm, log=self._log(run))
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started
@@ -342,7 +351,7 @@ class StageWorker:
                 plan=self.plan, run=run, settings=self.settings,
                 inputs={key: self._input_dir(key, digests) for key in run.inputs},
                 input_digests=tuple(digests[key] for key in run.inputs),
-                log_path=self._log(run),
+                log_path=self._log(run), store=self.ctx.store,
             )
             result = run_stage(job)
         guard.check()  # its tool may have ended before the loss stopped it: publish nothing

@@ -21,6 +21,7 @@ STAGE_VERSIONS: Final[Mapping[str, int]] = {
     "convert": 1,
     "build": 1,
     "smoke": 1,
+    "warm-cache": 1,  # not a stage of the plan: the caches a smoke's server wrote
 }
 
 

@@ -93,13 +93,15 @@ class Server:
     """A server process in its own process group, logging to *log_path*, started and stopped
     through the process runner (so it dies with enginectl, even on SIGKILL); a context
     manager that always stops the whole group on exit. *env* adds to (overrides)
-    os.environ."""
+    os.environ; *cwd* is its working directory (None: this one)."""
 
     def __init__(self, argv: Sequence[str], *, log_path: Path,
-                 env: Mapping[str, str] | None = None, grace_s: float = STOP_GRACE_S) -> None:
+                 env: Mapping[str, str] | None = None, grace_s: float = STOP_GRACE_S,
+                 cwd: Path | None = None) -> None:
         self.argv = [str(part) for part in argv]
         self.log_path = log_path
         self.env = dict(env or {})
+        self.cwd = cwd
         self.grace_s = grace_s
         self.started_at = 0.0
         self._process: Process | None = None
@@ -116,7 +118,7 @@ class Server:
     def start(self) -> None:
         """Start the process; OSError when it cannot be (no such program)."""
         self._process = start_process(self.argv, log_path=self.log_path,
-                                      env={**os.environ, **self.env})
+                                      env={**os.environ, **self.env}, cwd=self.cwd)
         self.started_at = self._process.started_at
         with _live_lock:
             _live.add(self)
@@ -286,12 +288,14 @@ def smoke(
     env: Mapping[str, str] | None = None,
     reference: Sequence[tuple[str, str]] | None = None,
     threshold: float | None = None,
+    cwd: Path | None = None,
 ) -> SmokeReport:
     """Serve *model_dir* with *argv_template*, check it and load it (see the module doc).
 
     *reference* pairs a prompt with the text its greedy `settings.max_tokens`-token completion
     must be: exactly (*threshold* None, bf16), or with at least *threshold* of the tokens
-    agreeing position by position (quantized). *env* adds to the server's environment."""
+    agreeing position by position (quantized). *env* adds to the server's environment, and
+    *cwd* is its working directory."""
     port = free_port()
     argv = render_argv(argv_template, model_dir=model_dir, port=port)
     client = Client(HOST, port, timeout_s=settings.request_timeout_s)
@@ -300,7 +304,7 @@ def smoke(
     ready_s: float | None = None
     with contextlib.ExitStack() as stack:
         try:
-            server = stack.enter_context(Server(argv, log_path=log_path, env=env))
+            server = stack.enter_context(Server(argv, log_path=log_path, env=env, cwd=cwd))
         except OSError as exc:
             checks.append(Check("ready", False, f"cannot start {argv[0]}: {exc}", {"argv": argv}))
         else:

@@ -15,6 +15,7 @@ re-smoke moves a quarantined artifact back to `ready` (`enginectl smoke REF`).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from pipeline.planning.plan import StageRun
     from pipeline.planning.toolchain import Toolchain
     from pipeline.serving.smoke import SmokeReport
+    from pipeline.serving.warm import Launch
     from pipeline.settings import Settings
     from registry.context import Context
     from registry.identity.manifest import Manifest
@@ -116,13 +118,49 @@ def run_smoke(
     argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
     max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
     reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
+    started: Launch | None = None,
 ) -> SmokeReport:
+    """Smoke *argv*; with *started* (`pipeline.serving.warm.launch`), the server runs from
+    its serving directory with its caches there, to be captured after a pass."""
     from pipeline.serving.smoke import smoke
 
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else None
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else {}
+    if started is not None:
+        argv, env = started.argv, {**env, **started.env}
     return smoke(argv, model_dir=model_dir, served_name=answers_to(argv, model_dir, served_name),
                  settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
-                 log_path=log_path, env=env, reference=reference, threshold=threshold)
+                 log_path=log_path, env=env or None, reference=reference, threshold=threshold,
+                 cwd=None if started is None else started.cwd)
+
+
+def capture_warm(ctx: Context, settings: Settings, digest: str, started: Launch | None, *,
+                 log: Path) -> str | None:
+    """After a passing smoke of *digest* started by *started*: publish what its server wrote
+    as its warm cache (`pipeline.serving.warm.capture`); the cache's digest, or None. A
+    failure is noted in *log* and never fails the smoke."""
+    from pipeline.deploy.warm import warm_key
+    from pipeline.planning.toolchain import probe
+    from pipeline.serving.warm import capture
+    from registry.errors import RegistryError
+    from registry.ops.fetch import load_manifest
+
+    if started is None:
+        return None
+    try:
+        manifest = load_manifest(ctx, digest)
+        template = list((manifest.serve or {}).get("argv") or started.argv)
+        fingerprint = probe(settings).toolchain
+        key = warm_key(digest, template, fingerprint)
+        if key is None:
+            return None
+        found = capture(ctx, started, artifact=digest, key=key, labels=manifest.labels,
+                        fingerprint=fingerprint.as_dict())
+        note = "wrote no cache" if found is None else f"warm cache {found} captured"
+    except (OSError, RegistryError, ValueError) as exc:
+        found, note = None, f"warm cache not captured: {type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as out:
+        out.write(f"\nenginectl: {note}\n")
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +241,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
     also clears a quarantine). `MachineError` when this machine cannot serve it: then
     nothing is recorded and its status stays."""
     from pipeline.errors import MachineError
+    from pipeline.serving.warm import launch
     from pipeline.settings import Settings
     from registry.context import Context
 
@@ -212,17 +251,20 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         served = prepare_served(ctx, ref, settings)
         digest, record = served.digest, served.record
         log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
+        started = launch(served.argv, log.with_suffix(".serve"))
         report = run_smoke(
             served.argv, model_dir=served.model_dir, served_name=record.model,
             settings=served.settings, max_input_len=record.max_input_len or 128,
             price_per_hour=served.settings.gpu_price_per_hour.get(record.gpu or "CPU"),
-            log_path=log, cpu=record.gpu is None,
+            log_path=log, cpu=record.gpu is None, started=started,
         )
         if (fault := machine_fault(report)) is not None:
             raise MachineError(f"cannot smoke {digest} here", fault, _fix(digest, record))
         measured = _where(settings)  # the evidence says where it was measured
         record_verdict(ctx, digest, report, log=log, gpu=measured.gpu or "CPU",
                        toolchain=measured.as_dict())
+        if report.passed:
+            capture_warm(ctx, settings, digest, started, log=log)
         return digest, report
     finally:
         ctx.close()

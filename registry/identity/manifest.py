@@ -4,7 +4,7 @@ A manifest is canonical JSON of:
 
     schema      "enginectl.manifest/v1"
     kind        trtllm-engine | trtllm-checkpoint | vllm | hf-checkpoint |
-                quantized-checkpoint | converted-checkpoint
+                quantized-checkpoint | converted-checkpoint | warm-cache
     key         the stage key that asked for it (null for imports)
     labels      model, runtime, gpu, sm, quant, kv_cache_dtype, tp, pp, and the shape
     toolchain   the fingerprint it is tied to
@@ -38,10 +38,12 @@ KINDS: Final = (  # the artifact kinds; the registry's `kind` column holds one o
     "hf-checkpoint",
     "quantized-checkpoint",
     "converted-checkpoint",
+    "warm-cache",  # the compile and tuning caches a runtime wrote serving another artifact
 )
 LABELS: Final = (
     "model", "runtime", "gpu", "sm", "quant", "kv_cache_dtype", "tp", "pp",
     "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+    "artifact",  # a warm cache's: the digest of the artifact whose server wrote it
 )
 _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 NAME_MAX: Final = 255

@@ -28,7 +28,8 @@ Records (`records/`, `aliases/`) are history and are never collected.
 
 A `superseded` artifact (a promotion replaced it) beyond that window is retired first: it
 becomes `deleted` (recorded in the store, as every status change), and its blobs go with the
-rest. With --dry-run it is only listed.
+rest; so does every warm cache of an artifact that is deleted (`pipeline.serving.warm`: a warm
+cache is only ever used with its artifact). With --dry-run they are only listed.
 """
 
 from __future__ import annotations
@@ -125,7 +126,15 @@ class Collector:
                     history.set_status(self.ctx.store, session, digest, "deleted",
                                        f"gc: superseded, past --keep-superseded "
                                        f"{self.keep_superseded}")
-        self.result.retired = retired
+            gone = set(retired) | {r.digest for r in records.list_artifacts(
+                session, status="deleted") if r.digest not in historic}
+            orphans = [r.digest for r in records.list_artifacts(session, kind="warm-cache")
+                       if r.status != "deleted" and r.labels.get("artifact") in gone]
+            if not self.dry_run:
+                for digest in orphans:
+                    history.set_status(self.ctx.store, session, digest, "deleted",
+                                       "gc: the artifact it was captured for is deleted")
+        self.result.retired = retired + orphans
 
     def mark(self) -> None:
         """Decide what stays: every reference the registry and the store hold now."""

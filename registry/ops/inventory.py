@@ -40,8 +40,9 @@ def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
 
 def show(ctx: Context, ref: str) -> dict[str, Any]:
     """Everything known about one artifact: its row, manifest, aliases (and the rollbacks
-    that pin them: `pins`), smoke reports, and its provenance as a tree of input artifacts
-    down to the source checkpoint."""
+    that pin them: `pins`), smoke reports, its warm caches (`warm_caches`: where each was
+    captured), and its provenance as a tree of input artifacts down to the source
+    checkpoint."""
     from registry.ops.fetch import load_manifest
 
     with ctx.registry.session(readonly=True) as session:
@@ -63,6 +64,10 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         pins = [pin.as_dict() for name in aliases
                 if (pin := pinned_by_rollback(session, name)) is not None]
         manifest = load_manifest(ctx, digest)
+        warm = [{"digest": r.digest, "status": r.status, "gpu": r.gpu, "toolchain": r.toolchain,
+                 "size": r.size, "created_at": r.created_at.isoformat() if r.created_at else None}
+                for r in records.list_artifacts(session, model=record.model, kind="warm-cache")
+                if r.labels.get("artifact") == digest and r.status != "deleted"]
         run = leases.get_stage_run(session, record.key) if record.key else None
         provenance = _provenance(ctx, session, manifest.inputs, seen={digest})
     return {
@@ -73,6 +78,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         "smoke_reports": reports,
         "evidence": evidence,
         "provenance": provenance,
+        "warm_caches": warm,
         "stage_run": None if run is None else {
             "status": run.status, "host": run.host, "node_id": run.node_id, "pid": run.pid,
             "started_at": run.started_at.isoformat(),

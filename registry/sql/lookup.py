@@ -329,6 +329,10 @@ def _reader(url: str) -> Iterator[_Reader]:
         raise RegistryError(f"cannot use registry {shown(url)}: {detail}") from exc
 
 
+open_reader = _reader  # for the other driver-only reads (`registry.sql.warm_lookup`)
+json_column = _json
+
+
 def _damaged(exc: Exception) -> bool:
     """A sqlite3 error that says the file itself is bad (not a lock or a missing file)."""
     import sqlite3

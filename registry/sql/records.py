@@ -46,7 +46,7 @@ from registry.sql.rows import insert_for
 
 ArtifactKind = Literal[
     "trtllm-engine", "trtllm-checkpoint", "vllm", "hf-checkpoint", "quantized-checkpoint",
-    "converted-checkpoint",
+    "converted-checkpoint", "warm-cache",
 ]
 ArtifactStatus = Literal["building", "built", "ready", "quarantined", "superseded", "deleted"]
 

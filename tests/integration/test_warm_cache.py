@@ -1,0 +1,212 @@
+"""Warm-start caches (issue 25): captured by a passing smoke, published as a `warm-cache`
+artifact keyed by the artifact, the node's GPU and fingerprint and the serving arguments,
+pulled only where that key matches exactly, and used by the runtime from serve.json.
+
+Everything runs as a user runs it, on TensorRT-LLM's stand-ins with a stand-in H100: `build`
+smokes a TRT-LLM PyTorch-backend entry, whose server (tests/fakes/bin/trtllm-serve) tunes
+its "autotuner" at start, loading and saving TLLM_AUTOTUNER_CACHE_PATH as 1.2's does; then
+`ls`, `show`, `pull`, `reindex` and `gc` from the CLI, and the server started from serve.json.
+(vLLM's own compile cache is measured in bench/warm_start.py.)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from registry.sql.db import open_registry
+from registry.sql.records import get_artifact, list_artifacts
+from tests.helpers import ROOT, builder_env, fake_gpu
+
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+START_TIMEOUT_S = 120
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def cli(env: dict[str, str], *args: str | Path, code: int = 0,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([ENGINECTL, *map(str, args)], env=env, text=True, capture_output=True,
+                          timeout=600, check=False, cwd=cwd)
+    assert done.returncode == code, (done.stdout, done.stderr)
+    return done
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(out)],
+                   check=True, capture_output=True, timeout=600,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return out
+
+
+@pytest.fixture
+def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
+    return {**builder_env(tmp_path, registry_url), **fake_gpu(tmp_path / "gpu"),
+            "ENGINECTL_CACHE_DIR": str(tmp_path / "fetch-cache")}  # nothing shared: a damage test
+
+
+def built(tmp_path: Path, env: dict[str, str], model: Path) -> str:
+    """Build a TRT-LLM PyTorch-backend entry of *model* for the H100 (smoked here); its
+    digest."""
+    shutil.copytree(model, tmp_path / "model")
+    recipe = {
+        "model": {"name": "toy", "source": "./model"},
+        "matrix": {"gpu": ["h100"], "quant": ["bf16"],
+                   "shape": [{"name": "small", "max_batch_size": 4, "max_input_len": 256,
+                              "max_seq_len": 512}]},
+        "serve": {"trtllm-pytorch": {}},
+        "smoke": {"prompts": ["The capital of France is"], "max_tokens": 4,
+                  "concurrency": [1], "requests": 2, "ready_timeout_s": START_TIMEOUT_S},
+    }
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    cli(env, "build", path)
+    entries = json.loads(cli(env, "ls", "--kind", "trtllm-checkpoint", "--json").stdout)
+    (entry,) = [e for e in entries if e["status"] == "ready"]
+    return str(entry["digest"])
+
+
+def warm_caches(env: dict[str, str]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(cli(env, "ls", "--kind", "warm-cache",
+                                                 "--json").stdout)
+    return found
+
+
+def started(serve_json: Path, cwd: Path) -> str:
+    """Run serve.json as a deploy tool does (argv from `cwd` with `env`); its log once it
+    answers, then stop it."""
+    data = json.loads(serve_json.read_text())
+    log_path = cwd / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(data["argv"], cwd=data["cwd"],
+                                   env={**os.environ, **data["env"]}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and process.poll() is None:
+            connection = http.client.HTTPConnection("127.0.0.1", data["port"], timeout=5)
+            try:
+                connection.request("GET", "/health")
+                if connection.getresponse().status == 200:
+                    return log_path.read_text()
+            except OSError:
+                pass
+            finally:
+                connection.close()
+            time.sleep(0.2)
+        raise AssertionError(f"the server did not answer: {log_path.read_text()}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_smoke_captures_it_and_a_pull_places_the_exact_match(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+    entry = built(tmp_path, env, tiny_model)
+    (warm,) = warm_caches(env)
+    assert warm["status"] == "ready"
+    assert warm["gpu"] == "H100-SXM5-80GB"
+    shown = json.loads(cli(env, "show", entry, "--json").stdout)
+    assert [w["digest"] for w in shown["warm_caches"]] == [warm["digest"]]
+    assert "warm      " + warm["digest"] in cli(env, "show", entry).stdout
+    manifest = json.loads(cli(env, "show", warm["digest"], "--json").stdout)["manifest"]
+    assert manifest["kind"] == "warm-cache"
+    assert manifest["inputs"] == [entry]
+    assert manifest["labels"]["artifact"] == entry
+    assert [f["path"] for f in manifest["files"]] == ["trtllm/autotuner.json"]
+
+    out = tmp_path / "served"
+    pulled = json.loads(cli(env, "pull", entry, "-o", out, "--port", "18655", "--json",
+                            cwd=tmp_path).stdout)
+    assert pulled["warm_cache"] == warm["digest"]
+    assert pulled["env"]["TLLM_AUTOTUNER_CACHE_PATH"] == ".warm/trtllm/autotuner.json"
+    cache = out / ".warm" / "trtllm" / "autotuner.json"
+    assert os.access(cache, os.W_OK)
+    assert cache.stat().st_nlink == 1
+    assert str(tmp_path) not in cache.read_text()  # nothing host-specific
+    third = tmp_path / "elsewhere"
+    third.mkdir()
+    log = started(out / "serve.json", third)
+    assert "[Autotuner] Loading cache from .warm/trtllm/autotuner.json" in log
+    assert "profiled 0 shapes" in log
+
+    cold = tmp_path / "cold"
+    pulled = json.loads(cli(env, "pull", entry, "-o", cold, "--no-warm", "--json").stdout)
+    assert pulled["warm_cache"] is None
+    assert pulled["env"] == {}
+    assert not (cold / ".warm").exists()
+
+
+def test_a_driver_bump_or_another_gpu_is_a_miss_said_in_one_line(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+    entry = built(tmp_path, env, tiny_model)
+    bumped = {**env, **fake_gpu(tmp_path / "bumped", driver="575.57.08")}
+    done = cli(bumped, "pull", entry, "-o", tmp_path / "a", "--json")
+    assert json.loads(done.stdout)["warm_cache"] is None
+    (line,) = [x for x in done.stderr.splitlines() if "warm cache" in x]
+    assert "driver 570.124.06 → 575.57.08" in line
+    assert "starts cold" in line
+    assert not (tmp_path / "a" / ".warm").exists()
+
+    other = {**env, **fake_gpu(tmp_path / "a100", name="NVIDIA A100-SXM4-80GB")}
+    done = cli(other, "pull", entry, "-o", tmp_path / "b", "--json")
+    assert json.loads(done.stdout)["warm_cache"] is None
+    assert "gpu H100-SXM5-80GB → A100" in done.stderr
+
+
+def test_a_damaged_cache_starts_cold_and_gc_removes_it_with_its_artifact(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path, registry_url: str) -> None:
+    from registry.config import RegistryConfig
+    from registry.context import Context
+    from registry.sql import history
+
+    entry = built(tmp_path, env, tiny_model)
+    (warm,) = warm_caches(env)
+    manifest = json.loads(cli(env, "show", warm["digest"], "--json").stdout)["manifest"]
+    (blob,) = [f["xxh3"] for f in manifest["files"]]
+    hexdigest = blob.split(":", 1)[1]
+    (stored,) = (tmp_path / "home").rglob(f"{hexdigest[2:]}*")
+    stored.chmod(0o644)
+    stored.write_bytes(b'{"damaged": tru')
+    done = cli(env, "pull", entry, "-o", tmp_path / "served", "--json")
+    assert json.loads(done.stdout)["warm_cache"] is None
+    assert "cannot be used" in done.stderr
+    assert "starting cold" in done.stderr
+    assert not (tmp_path / "served" / ".warm").exists()
+
+    ctx = Context(RegistryConfig.from_env(env))
+    try:
+        with ctx.registry.session() as session:
+            history.set_status(ctx.store, session, entry, "deleted", "test: retired by hand")
+    finally:
+        ctx.close()
+    cli(env, "gc", "--grace", "0s")
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        record = get_artifact(session, warm["digest"])
+        assert record is not None
+        assert record.status == "deleted"
+        assert all(a.status == "deleted" for a in list_artifacts(session, kind="warm-cache"))
+
+
+def test_reindex_brings_warm_caches_back(tmp_path: Path, env: dict[str, str],
+                                         tiny_model: Path) -> None:
+    entry = built(tmp_path, env, tiny_model)
+    (warm,) = warm_caches(env)
+    fresh = {**env, "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'fresh.db'}"}
+    cli(fresh, "reindex")
+    assert [w["digest"] for w in warm_caches(fresh)] == [warm["digest"]]
+    pulled = json.loads(cli(fresh, "pull", entry, "-o", tmp_path / "served", "--json").stdout)
+    assert pulled["warm_cache"] == warm["digest"]
