@@ -51,18 +51,14 @@ from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
+from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
 from pipeline.deploy.warm import Warm, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.fetch import artifact_manifest, cached_manifest, find, lazy_store
 from registry.ops.fetch_files import Verify, fetch_manifest
 from registry.sql.lookup import Found
-from registry.tokenizer import (
-    TOKENIZER_DIR,
-    carries_tokenizer,
-    tokenizer_entries,
-    under_tokenizer_dir,
-)
+from registry.tokenizer import TOKENIZER_DIR
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -135,15 +131,6 @@ class Selection:
     notes: tuple[str, ...] = field(default=())
     tokenizer: Tokenizer | None = None  # an engine's tokenizer directory (module doc)
     evidence: dict[str, Any] | None = None  # resolved: the proof used and how near it is
-
-
-@dataclass(frozen=True)
-class Tokenizer:
-    """Where an engine's tokenizer directory comes from: its own files (*source* None), or
-    *files* (under `tokenizer/`) of the hf-checkpoint *source* in its provenance."""
-
-    files: tuple[FileEntry, ...] = ()
-    source: str | None = None
 
 
 # --- what -------------------------------------------------------------------------------------
@@ -244,27 +231,6 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
                               "chat; re-import it with `enginectl import DIR --kind "
                               "trtllm-engine --tokenizer-from HF_DIR|REF`"))
     return Selection(found, manifest, how, tuple(sources), notes, tokenizer, evidence)
-
-
-def engine_tokenizer(ctx: Context, manifest: Manifest, *, depth: int = 4) -> Tokenizer | None:
-    """Where *manifest*'s tokenizer directory comes from (`Tokenizer`), None when neither it
-    nor the hf-checkpoints its provenance reaches within *depth* steps hold an HF config."""
-    if carries_tokenizer(manifest):
-        return Tokenizer()
-    level, seen = list(manifest.inputs), set()
-    for _ in range(depth):
-        following: list[str] = []
-        for digest in level:
-            if digest in seen:
-                continue
-            seen.add(digest)
-            source = _manifest(ctx, digest)
-            entries = tokenizer_entries(source) if source.kind == "hf-checkpoint" else None
-            if entries is not None:
-                return Tokenizer(under_tokenizer_dir(entries), str(source.digest))
-            following += source.inputs
-        level = following
-    return None
 
 
 def _manifest(ctx: Context, digest: str) -> Manifest:

@@ -185,11 +185,11 @@ class StageWorker:
             record_verdict,
             run_smoke,
         )
-        from pipeline.serving.warm import launch
+        from pipeline.serving.warm import launch, seed
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
-        warm = launch(argv, run.workdir / "serve")
+        warm = seed(self.ctx, launch(argv, run.workdir / "serve"), entry)
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,

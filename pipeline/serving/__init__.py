@@ -9,12 +9,14 @@
     compare   the side-by-side table of a model's ready artifacts from their smoke reports;
               `compare_html` writes it as one page
     abgate    the nightly's same-run A/B of an alias's incumbent and its candidate
+    warm      start a smoke's server so that its compile and tuning caches can be captured,
+              and publish them after a pass as a `warm-cache` artifact
     promote   move a recipe's promotion aliases: after a build (an empty channel) or after
               the nightly's gate (the candidate won) — here because the gate decides it
 
 May import: the standard library, `registry`, and the lower layers of `pipeline`
 (`errors`, `settings`, `host`, the recipe, `stages`, planning, and `deploy` for an engine's
-serve template and tokenizer), and `executors.outcome` for its types only. Never `click`
-(only `pipeline.cli` does), `pipeline.cli`, `pipeline.nightly` or `pipeline.executors` —
-those import this package.
+serve template, tokenizer and warm-cache key), and `executors.outcome` for its types only.
+Never `click` (only `pipeline.cli` does), `pipeline.cli`, `pipeline.nightly` or
+`pipeline.executors` — those import this package.
 """

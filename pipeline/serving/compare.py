@@ -8,9 +8,10 @@ One row per ready servable artifact (`trtllm-engine`, `trtllm-checkpoint`, `vllm
 order: engines, then TRT-LLM PyTorch checkpoints, then vLLM entries; within a kind the higher
 best throughput first, then the newer. Each row takes its latest *passing* smoke report: output
 tokens/s and TTFT p50/p95 at each concurrency level, $ per 1M output tokens at the best level,
-time to ready (cold start) — plus the build time (its stage run's finished_at - started_at; None
-for imports) and its size. A ready artifact with no passing report (imported with `--ready`)
-still gets a row, with no numbers and no line in the chart.
+time to ready (cold start; and warm, from the latest passing smoke that started from a warm
+cache, `pipeline.serving.warm`) — plus the build time (its stage run's finished_at -
+started_at; None for imports) and its size. A ready artifact with no passing report
+(imported with `--ready`) still gets a row, with no numbers and no line in the chart.
 
 `gpu` keeps the artifacts whose GPU column is that SKU (any spelling registry.gpus knows) and
 the ones with no GPU column (checkpoints and vLLM entries are not tied to a GPU), and takes
@@ -25,7 +26,7 @@ names that GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -67,6 +68,7 @@ class Row:
     price_per_hour: float | None
     levels: tuple[Level, ...] = ()
     smoked_on: str | None = None  # the GPU SKU (or "CPU") its report ran on; None: unknown
+    warm_ready_s: float | None = None  # the latest passing smoke that started from a warm cache
 
     @property
     def label(self) -> str:
@@ -83,6 +85,7 @@ class Row:
             "tp": self.tp, "size": self.size, "label": self.label,
             "created_at": _iso(self.created_at), "build_s": self.build_s,
             "smoked_at": _iso(self.smoked_at), "ready_s": self.ready_s,
+            "warm_ready_s": self.warm_ready_s,
             "best_output_tokens_per_s": self.best_output_tokens_per_s,
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "price_per_hour": self.price_per_hour, "smoked_on": self.smoked_on,
@@ -130,7 +133,11 @@ def compare(ctx: Context, model: str, gpu: str | None = None) -> Comparison:
             run = runs.get(record.key) if record.key else None
             build_s = (None if run is None or run.finished_at is None
                        else (run.finished_at - run.started_at).total_seconds())
-            rows.append(_row(record, passing[-1] if passing else None, build_s))
+            cold = [s for s in passing if not s.report.get("warm_cache")]
+            warm = [s for s in passing if s.report.get("warm_cache")]
+            row = _row(record, cold[-1] if cold else (passing[-1] if passing else None), build_s)
+            rows.append(replace(row, warm_ready_s=_float(warm[-1].report.get("ready_s")))
+                        if warm else row)
     if not rows:
         where = f" on {sku}" if sku else ""
         raise RecordNotFoundError("ready artifact of", f"{model}{where}",
@@ -215,13 +222,13 @@ def _cost(value: float | None) -> str:
 
 def summary_cells(row: Row) -> list[str]:
     return [row.kind, row.gpu or "-", row.quant or "-", str(row.tp), _size(row.size),
-            _seconds(row.build_s), _seconds(row.ready_s),
+            _seconds(row.build_s), _seconds(row.ready_s), _seconds(row.warm_ready_s),
             number(row.best_output_tokens_per_s, ".1f"), _cost(row.cost_per_million_tokens),
             row.smoked_on or ("-" if row.smoked_at is None else "unknown")]
 
 
-SUMMARY_HEADER: Final = ("KIND", "GPU", "QUANT", "TP", "SIZE", "BUILD", "READY", "BEST TOK/S",
-                         "$/1M TOK", "SMOKED ON")
+SUMMARY_HEADER: Final = ("KIND", "GPU", "QUANT", "TP", "SIZE", "BUILD", "READY", "WARM",
+                         "BEST TOK/S", "$/1M TOK", "SMOKED ON")
 
 
 def _columns(lines: list[list[str]]) -> str:

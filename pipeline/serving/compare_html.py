@@ -144,7 +144,7 @@ def render_html(comparison: Comparison) -> str:
                     f"{escape(row.digest[7:19])}</td>{cells}</tr>")
     note = ("Output tokens/s, time to first token and $ per 1M output tokens from each "
             "artifact's latest passing smoke report; build time from its stage run; "
-            "ready is the cold start. A dash means not measured.")
+            "ready is the cold start, warm a start from its warm cache. A dash means not measured.")
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -245,6 +245,7 @@ class SmokeReport:
     log_path: Path
     argv: list[str]
     failure: str | None  # "<check>: <message>" of the first failing check
+    warm_cache: str | None = None  # the warm cache the server started from (None: cold)
 
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -258,7 +259,8 @@ class SmokeReport:
             "best_output_tokens_per_s": self.best_output_tokens_per_s,
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "price_per_hour": self.price_per_hour, "log_path": str(self.log_path),
-            "argv": list(self.argv), "checks": [c.as_dict() for c in self.checks],
+            "argv": list(self.argv), "warm_cache": self.warm_cache,
+            "checks": [c.as_dict() for c in self.checks],
             "load": [level.as_dict() for level in self.load],
         })
         return safe
@@ -289,13 +291,15 @@ def smoke(
     reference: Sequence[tuple[str, str]] | None = None,
     threshold: float | None = None,
     cwd: Path | None = None,
+    warm_cache: str | None = None,
 ) -> SmokeReport:
     """Serve *model_dir* with *argv_template*, check it and load it (see the module doc).
 
     *reference* pairs a prompt with the text its greedy `settings.max_tokens`-token completion
     must be: exactly (*threshold* None, bf16), or with at least *threshold* of the tokens
     agreeing position by position (quantized). *env* adds to the server's environment, and
-    *cwd* is its working directory."""
+    *cwd* is its working directory; *warm_cache* names the warm cache it starts from (its
+    ready_s is then a warm start)."""
     port = free_port()
     argv = render_argv(argv_template, model_dir=model_dir, port=port)
     client = Client(HOST, port, timeout_s=settings.request_timeout_s)
@@ -332,6 +336,7 @@ def smoke(
         cost_per_million_tokens=cost_per_million_tokens(price_per_hour, best),
         price_per_hour=price_per_hour, log_path=log_path, argv=argv,
         failure=None if failed is None else " ".join(f"{failed.name}: {failed.message}".split()),
+        warm_cache=warm_cache,
     )
 
 

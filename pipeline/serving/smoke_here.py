@@ -26,7 +26,7 @@ from pipeline.recipe.schema import SmokeSettings
 from pipeline.stages.serve import trtllm_served_name, vllm_form
 
 if TYPE_CHECKING:
-    from pipeline.deploy.pull import Tokenizer
+    from pipeline.deploy.tokenizer import Tokenizer
     from pipeline.planning.plan import StageRun
     from pipeline.planning.toolchain import Toolchain
     from pipeline.serving.smoke import SmokeReport
@@ -130,7 +130,8 @@ def run_smoke(
     return smoke(argv, model_dir=model_dir, served_name=answers_to(argv, model_dir, served_name),
                  settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
                  log_path=log_path, env=env or None, reference=reference, threshold=threshold,
-                 cwd=None if started is None else started.cwd)
+                 cwd=None if started is None else started.cwd,
+                 warm_cache=None if started is None else started.seeded)
 
 
 def capture_warm(ctx: Context, settings: Settings, digest: str, started: Launch | None, *,
@@ -241,7 +242,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
     also clears a quarantine). `MachineError` when this machine cannot serve it: then
     nothing is recorded and its status stays."""
     from pipeline.errors import MachineError
-    from pipeline.serving.warm import launch
+    from pipeline.serving.warm import launch, seed
     from pipeline.settings import Settings
     from registry.context import Context
 
@@ -251,7 +252,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         served = prepare_served(ctx, ref, settings)
         digest, record = served.digest, served.record
         log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
-        started = launch(served.argv, log.with_suffix(".serve"))
+        started = seed(ctx, launch(served.argv, log.with_suffix(".serve")), digest)
         report = run_smoke(
             served.argv, model_dir=served.model_dir, served_name=record.model,
             settings=served.settings, max_input_len=record.max_input_len or 128,
@@ -274,11 +275,11 @@ def _serve_of(ctx: Context, digest: str, manifest: Manifest, record: ArtifactRec
               ) -> tuple[dict[str, Any], Tokenizer | None]:
     """The serve template *manifest* records, and for an engine (an imported one: the plain
     trtllm-serve command) where its tokenizer directory comes from
-    (`pipeline.deploy.pull.engine_tokenizer`). UsageError for an engine without one: it
+    (`pipeline.deploy.tokenizer.engine_tokenizer`). UsageError for an engine without one: it
     could answer completions but never chat, and smoke never proves one on completions
     alone."""
     from pipeline.deploy.command import template
-    from pipeline.deploy.pull import engine_tokenizer
+    from pipeline.deploy.tokenizer import engine_tokenizer
     from registry.errors import UsageError
 
     serve = dict(manifest.serve or {})

@@ -20,6 +20,10 @@ the model's files): vLLM's compile cache key hashes the model argument as writte
 vllm/compilation/decorators.py puts the AOT cache under VLLM_CACHE_ROOT/torch_compile_cache/
 torch_aot_compile/{hash}), so an absolute path would make every directory a miss.
 
+A smoke on a node that already has a warm cache of the artifact for its exact key starts from
+it (`seed`): its report's `ready_s` is then a warm start (`warm_cache` names the cache), which
+`compare` shows beside the cold one.
+
 Capture (`capture`): after a passing smoke, the files under `.warm/` (lock files left out)
 are copied aside with every occurrence of the serving directory's absolute path, and of the
 model directory's, overwritten by a neutral string of the same length (compiled objects keep
@@ -40,7 +44,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -51,6 +55,7 @@ from pipeline.deploy.warm import (
     cache_env,
     cache_runtime,
     model_as_cwd,
+    place_warm,
 )
 from pipeline.stages.serve import vllm_model
 
@@ -68,6 +73,7 @@ class Launch:
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
     model_dir: Path | None = None
+    seeded: str | None = None  # the warm cache placed in `.warm/` before the start, if any
 
 
 def launch(argv: Sequence[str], serving_dir: Path) -> Launch | None:
@@ -88,6 +94,20 @@ def launch(argv: Sequence[str], serving_dir: Path) -> Launch | None:
         argv = model_as_cwd(argv)
     return Launch(runtime, list(argv), serving_dir, cache_env(runtime, serving_dir),
                   None if model is None else Path(model).absolute())
+
+
+def seed(ctx: Context, started: Launch | None, artifact: str) -> Launch | None:
+    """*started* with the warm cache this node already has for *artifact* placed in its
+    `.warm/` (the smoke then measures a warm start, and what it captures after includes
+    it); as it was when there is none or it cannot be used (a cold start)."""
+    from registry.ops.fetch import load_manifest
+
+    if started is None:
+        return None
+    placed = place_warm(ctx, load_manifest(ctx, artifact), started.cwd)
+    if placed.digest is None:
+        return started
+    return replace(started, seeded=placed.digest)
 
 
 def neutral(length: int) -> bytes:

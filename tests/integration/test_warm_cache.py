@@ -143,6 +143,15 @@ def test_a_smoke_captures_it_and_a_pull_places_the_exact_match(
     assert "[Autotuner] Loading cache from .warm/trtllm/autotuner.json" in log
     assert "profiled 0 shapes" in log
 
+    cli(env, "smoke", entry)  # this node has its warm cache now: the smoke starts from it
+    reports = json.loads(cli(env, "show", entry, "--json").stdout)["smoke_reports"]
+    assert reports[0]["report"]["warm_cache"] is None
+    assert reports[-1]["report"]["warm_cache"] == warm["digest"]
+    compared = json.loads(cli(env, "compare", "--model", "toy", "--json").stdout)
+    (row,) = compared["rows"]
+    assert row["warm_ready_s"] == reports[-1]["report"]["ready_s"]
+    assert row["ready_s"] == reports[0]["report"]["ready_s"]
+
     cold = tmp_path / "cold"
     pulled = json.loads(cli(env, "pull", entry, "-o", cold, "--no-warm", "--json").stdout)
     assert pulled["warm_cache"] is None
