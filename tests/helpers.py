@@ -32,6 +32,19 @@ def expect_exit(done: subprocess.CompletedProcess[str], code: int | None) -> Non
                     f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}", pytrace=False)
 
 
+ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+
+
+def enginectl(env: dict[str, str], *args: str | Path, code: int = 0,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `enginectl ARGS` with *env* (from *cwd*); fail unless it exits
+    *code*, showing its whole output."""
+    done = subprocess.run([ENGINECTL, *map(str, args)], env=env, text=True, capture_output=True,
+                          timeout=600, check=False, cwd=cwd)
+    expect_exit(done, code)
+    return done
+
+
 def recipe_data(name: str) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((RECIPES / name).read_text(encoding="utf-8"))
     return data

@@ -134,13 +134,14 @@ def incumbent_regression(session: Session, promotion: Promotion, gpu: str,
 
 
 def target_levels(ctx: Context, plan: Plan, old: Plan | None, target_id: str,
-                   outcomes: dict[str, Outcome]) -> list[Level]:
+                   outcomes: dict[str, Outcome]) -> tuple[list[Level], dict[str, Any] | None]:
     """The target's smoke throughput before (its artifact under the old keys, measured on
-    this SKU) and now, per level: what the report shows beside its verdict."""
+    this SKU) and now, per level, and how its smoke now started (`ready_s`, and the
+    `warm_cache` it started from: None, cold): what the report shows beside its verdict."""
     new_chain = next(p.chain for p in plan.targets if p.target.id == target_id)
     smoke = outcomes.get(new_chain[-1])
     if smoke is None or smoke.digest is None or smoke.status not in ("built", "reused"):
-        return []
+        return [], None
     old_chain = None if old is None else next(
         (p.chain for p in old.targets if p.target.id == target_id), None)
     gpu = plan.target(target_id).gpu.sku
@@ -153,5 +154,8 @@ def target_levels(ctx: Context, plan: Plan, old: Plan | None, target_id: str,
             if entry is not None:
                 old_report = latest_passing(smoke_records.smoke_reports(session, entry.digest),
                                             key=old_chain[-1], gpu=gpu)
+    start = None if new_report is None else {
+        "ready_s": new_report.report.get("ready_s"),
+        "warm_cache": new_report.report.get("warm_cache")}
     return compare_levels(old_report.report if old_report else None,
-                          new_report.report if new_report else None, None)
+                          new_report.report if new_report else None, None), start

@@ -113,6 +113,10 @@ def _target_lines(target: TargetReport) -> list[str]:
         lines += [f"      {_level_line(level)}" for level in regression.levels]
     if not target.regressions:
         lines += [f"    {_level_line(level)}" for level in target.levels]
+    if target.start and target.start.get("ready_s") is not None:
+        warm = target.start.get("warm_cache")
+        lines.append(f"    start    {target.start['ready_s']:.1f} s to ready, "
+                     + (f"warm (from {str(warm)[:19]}…)" if warm else "cold"))
     for promotion in target.promotions:
         old = promotion.old[:19] + "…" if promotion.old else "nothing"
         new = promotion.new[:19] + "…" if promotion.new else "-"

@@ -289,7 +289,8 @@ def _requalify(
             continue
         changed_smokes.add(planned.chain[-1])
         if summary is not None:
-            target.levels = target_levels(ctx, plan, old, planned.target.id, outcomes)
+            target.levels, target.start = target_levels(ctx, plan, old, planned.target.id,
+                                                        outcomes)
     if summary is not None:
         by_target = {t.id: t for t in done.targets}
         for promotion in promote_gated(ctx, plan, summary, changed_smokes):

@@ -63,6 +63,8 @@ class TargetReport:
     """Why this machine cannot run the target (it lacks its GPU), when it cannot."""
     evidence: str | None = None
     """The log or smoke report log the verdict came from (a local path), when there is one."""
+    start: dict[str, Any] | None = None
+    """This run's smoke start: `ready_s`, and `warm_cache` when it started from one."""
 
     @property
     def failed_stage(self) -> StageReport | None:
@@ -120,7 +122,8 @@ class TargetReport:
                 "stages": [s.as_dict() for s in self.stages],
                 "levels": [level.as_dict() for level in self.levels],
                 "promotions": [p.as_dict() for p in self.promotions],
-                "regressions": [r.as_dict() for r in self.regressions]}
+                "regressions": [r.as_dict() for r in self.regressions],
+                "start": self.start}
 
 
 def ordered(targets: Iterable[TargetReport]) -> list[TargetReport]:

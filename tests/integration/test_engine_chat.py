@@ -32,9 +32,10 @@ from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
-from tests.helpers import FAKES, ROOT, builder_env, fake_gpu
+from tests.helpers import FAKES, builder_env, fake_gpu
+from tests.helpers import enginectl as cli
+from tests.models import make_tiny_model
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 SHAPE = {"name": "small", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512}
 START_TIMEOUT_S = 120
 
@@ -43,11 +44,7 @@ START_TIMEOUT_S = 120
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
     template, an HF config.json (made here, nothing from a hub)."""
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(out)],
-                   check=True, capture_output=True, timeout=600,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return out
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture
@@ -56,12 +53,6 @@ def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
     return {**builder_env(tmp_path, registry_url), **fake_gpu(tmp_path / "gpu")}
 
 
-def cli(env: dict[str, str], *args: str | Path, code: int = 0,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *map(str, args)], env=env, text=True, capture_output=True,
-                          timeout=600, check=False, cwd=cwd)
-    assert done.returncode == code, (done.stdout, done.stderr)
-    return done
 
 
 def write_recipe(directory: Path, model: Path) -> Path:

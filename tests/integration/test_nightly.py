@@ -80,6 +80,8 @@ def test_a_driver_bump_rebuilds_the_engine_and_re_proves_the_checkpoint(box: Box
     pytorch = target(report, ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch"))
     assert [s["stage"] for s in pytorch["stages"]] == ["smoke"]
     assert pytorch["verdict"] == "re-proved"
+    assert pytorch["start"]["warm_cache"] is None  # a new driver: no warm cache fits, cold
+    assert pytorch["start"]["ready_s"] > 0
     assert pytorch["promotions"][0]["action"] == "re-proved"
     # exactly the driver-dependent keys: the snapshot and convert were not among them
     stages = {s["stage"] for r in report["recipes"] for t in r["targets"] for s in t["stages"]}
@@ -99,6 +101,12 @@ def test_a_driver_bump_rebuilds_the_engine_and_re_proves_the_checkpoint(box: Box
         assert [lv["concurrency"] for lv in event.details["levels"]] == [1, 2]
         proofs = [r for r in smoke_reports(session, checkpoint) if r.passed]
         assert [r.toolchain["driver"] for r in proofs if r.toolchain] == [OLD, NEW]
+        # the re-proof captured a warm cache for the new driver; the old one stays for the
+        # nodes still on the old driver (issue 25)
+        warm = [a for a in list_artifacts(session, kind="warm-cache")
+                if a.labels.get("artifact") == checkpoint]
+        assert sorted(a.toolchain["driver"] for a in warm) == sorted([OLD, NEW])
+        assert all(a.status == "ready" for a in warm)
 
     again = box.run("nightly")
     assert again.stdout.startswith("nothing changed since ")

@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,28 +26,21 @@ import yaml
 
 from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
-from tests.helpers import ROOT, builder_env, fake_gpu
+from tests.helpers import builder_env, fake_gpu
+from tests.helpers import enginectl as cli
+from tests.models import make_tiny_model
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 START_TIMEOUT_S = 120
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def cli(env: dict[str, str], *args: str | Path, code: int = 0,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *map(str, args)], env=env, text=True, capture_output=True,
-                          timeout=600, check=False, cwd=cwd)
-    assert done.returncode == code, (done.stdout, done.stderr)
-    return done
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), str(out)],
-                   check=True, capture_output=True, timeout=600,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return out
+    """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
+    template, an HF config.json (made here, nothing from a hub)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture
