@@ -159,7 +159,7 @@ def test_table(seeded: Seeded) -> None:
     text = render_table(compare(seeded.ctx, "m"))
     lines = text.splitlines()
     h100 = next(line for line in lines if line.startswith(seeded.h100[7:19]))
-    assert re.search(r"H100-SXM5-80GB\s+fp8\s+2\s+.*12m34s\s+42\.5s\s+2000\.0\s+\$0\.50", h100)
+    assert re.search(r"H100-SXM5-80GB\s+fp8\s+2\s+.*12m34s\s+42\.5s\s+-\s+2000\.0\s+\$0\.50", h100)
     load = [line for line in lines if line.startswith(seeded.vllm[7:19])][-1]
     assert load.split()[1:] == ["80.0", "250.0", "700.0", "0.200/0.300", "0.300/0.500",
                                 "0.400/0.900"]

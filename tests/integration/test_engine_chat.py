@@ -74,6 +74,7 @@ def engine_dir(root: Path, model: Path) -> Path:
     """An engine directory as TensorRT-LLM makes one outside enginectl (convert, then
     trtllm-build, through the stand-ins): no tokenizer directory in it."""
     checkpoint, engine = root / "checkpoint", root / "engine"
+    root.mkdir(parents=True, exist_ok=True)  # trtllm-build writes model.cache in its cwd
     shape = Shape(max_batch_size=4, max_input_len=256, max_seq_len=512)
     flags = build_flags(BuildSettings(), shape, "bf16", "auto", tp=1, family="llama")
     build = build_argv(checkpoint_dir=checkpoint, output_dir=engine, flags=flags, workers=1)

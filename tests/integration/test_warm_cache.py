@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.serving.smoke import free_port
 from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
 from tests.helpers import builder_env, fake_gpu
@@ -121,8 +122,8 @@ def test_a_smoke_captures_it_and_a_pull_places_the_exact_match(
     assert [f["path"] for f in manifest["files"]] == ["trtllm/autotuner.json"]
 
     out = tmp_path / "served"
-    pulled = json.loads(cli(env, "pull", entry, "-o", out, "--port", "18655", "--json",
-                            cwd=tmp_path).stdout)
+    pulled = json.loads(cli(env, "pull", entry, "-o", out, "--host", "127.0.0.1", "--port",
+                            str(free_port()), "--json", cwd=tmp_path).stdout)
     assert pulled["warm_cache"] == warm["digest"]
     assert pulled["env"]["TLLM_AUTOTUNER_CACHE_PATH"] == ".warm/trtllm/autotuner.json"
     cache = out / ".warm" / "trtllm" / "autotuner.json"
