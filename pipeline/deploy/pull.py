@@ -52,7 +52,7 @@ from pipeline.deploy.guard import MARKER, check_target, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
-from pipeline.deploy.warm import Warm, place_warm
+from pipeline.deploy.warm import Warm, node_key, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.fetch import artifact_manifest, cached_manifest, find, lazy_store
@@ -332,7 +332,8 @@ def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runt
     with staged(dest, digest=selection.found.digest) as tree:
         fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
                                  verify=verify, progress=progress, named=dest)
-        placed = place_warm(ctx, selection.manifest, tree) if warm else None
+        placed = (place_warm(ctx, selection.manifest, tree, node_key(selection.manifest))
+                  if warm else None)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                             downloaded_bytes=fetched.downloaded_bytes,
                             cached_bytes=fetched.cached_bytes, warm=placed)

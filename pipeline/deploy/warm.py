@@ -75,11 +75,12 @@ def cache_runtime(argv: Sequence[str]) -> str | None:
 def serve_args(template: Sequence[str]) -> list[str]:
     """The arguments of a serve *template* that change what the runtime compiles: all but
     the program, its module, the model directory, the host, the port and the served name."""
-    args = list(template[1:])
-    if vllm_form(template) is not None:
-        args = list(template[4:] if vllm_form(template) == "serve" else template[3:])
-    elif args and not args[0].startswith("-"):
-        args = args[1:]  # trtllm-serve MODEL
+    form = vllm_form(template)
+    if form is not None:  # python -m MODULE [serve]: `serve`'s MODEL is dropped below
+        args = list(template[4:] if form == "serve" else template[3:])
+    else:  # trtllm-serve MODEL
+        args = list(template[2:] if len(template) > 1 and not template[1].startswith("-")
+                    else template[1:])
     kept: list[str] = []
     skip = False
     for part in args:
@@ -185,13 +186,13 @@ def miss(key: WarmKey, captured: list[tuple[str | None, dict[str, object]]]) -> 
             "starts cold")
 
 
-def place_warm(ctx: Context, manifest: Manifest, tree: Path) -> Warm:
-    """Find this node's warm cache of *manifest*'s artifact and copy it into *tree*/.warm
-    (module doc); a cold `Warm` with its reason when there is none or it cannot be used."""
+def place_warm(ctx: Context, manifest: Manifest, tree: Path, key: WarmKey | None) -> Warm:
+    """Find the warm cache of *manifest*'s artifact with *key* (this node's: `node_key`) and
+    copy it into *tree*/.warm (module doc); a cold `Warm` with its reason when there is none
+    or it cannot be used, and nothing to say when *key* is None (the runtime keeps none)."""
     from registry.errors import RegistryError
     from registry.sql.warm_lookup import warm_caches
 
-    key = node_key(manifest)
     if key is None:
         return Warm()
     try:

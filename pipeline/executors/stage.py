@@ -189,7 +189,7 @@ class StageWorker:
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
-        warm = seed(self.ctx, launch(argv, run.workdir / "serve"), entry)
+        warm = seed(self.ctx, self.settings, launch(argv, run.workdir / "serve"), entry)
         report = run_smoke(
             argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
             max_input_len=target.shape.max_input_len,
@@ -211,7 +211,7 @@ class StageWorker:
         record_verdict(self.ctx, entry, report, log=self._log(run), gpu=target.gpu.sku,
                        toolchain=dict(run.toolchain), key=run.key)
         if report.passed:
-            capture_warm(self.ctx, self.settings, entry, warm, log=self._log(run))
+            capture_warm(self.ctx, entry, warm, log=self._log(run))
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started

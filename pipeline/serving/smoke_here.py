@@ -134,28 +134,18 @@ def run_smoke(
                  warm_cache=None if started is None else started.seeded)
 
 
-def capture_warm(ctx: Context, settings: Settings, digest: str, started: Launch | None, *,
-                 log: Path) -> str | None:
-    """After a passing smoke of *digest* started by *started*: publish what its server wrote
-    as its warm cache (`pipeline.serving.warm.capture`); the cache's digest, or None. A
-    failure is noted in *log* and never fails the smoke."""
-    from pipeline.deploy.warm import warm_key
-    from pipeline.planning.toolchain import probe
+def capture_warm(ctx: Context, digest: str, started: Launch | None, *, log: Path) -> str | None:
+    """After a passing smoke of *digest* started by *started* (`pipeline.serving.warm.seed`):
+    publish what its server wrote as its warm cache (`pipeline.serving.warm.capture`); the
+    cache's digest, or None. A failure is noted in *log* and never fails the smoke."""
     from pipeline.serving.warm import capture
     from registry.errors import RegistryError
     from registry.ops.fetch import load_manifest
 
-    if started is None:
+    if started is None or started.key is None:
         return None
     try:
-        manifest = load_manifest(ctx, digest)
-        template = list((manifest.serve or {}).get("argv") or started.argv)
-        fingerprint = probe(settings).toolchain
-        key = warm_key(digest, template, fingerprint)
-        if key is None:
-            return None
-        found = capture(ctx, started, artifact=digest, key=key, labels=manifest.labels,
-                        fingerprint=fingerprint.as_dict())
+        found = capture(ctx, started, artifact=digest, labels=load_manifest(ctx, digest).labels)
         note = "wrote no cache" if found is None else f"warm cache {found} captured"
     except (OSError, RegistryError, ValueError) as exc:
         found, note = None, f"warm cache not captured: {type(exc).__name__}: {exc}"
@@ -252,7 +242,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         served = prepare_served(ctx, ref, settings)
         digest, record = served.digest, served.record
         log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
-        started = seed(ctx, launch(served.argv, log.with_suffix(".serve")), digest)
+        started = seed(ctx, settings, launch(served.argv, log.with_suffix(".serve")), digest)
         report = run_smoke(
             served.argv, model_dir=served.model_dir, served_name=record.model,
             settings=served.settings, max_input_len=record.max_input_len or 128,
@@ -265,7 +255,7 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         record_verdict(ctx, digest, report, log=log, gpu=measured.gpu or "CPU",
                        toolchain=measured.as_dict())
         if report.passed:
-            capture_warm(ctx, settings, digest, started, log=log)
+            capture_warm(ctx, digest, started, log=log)
         return digest, report
     finally:
         ctx.close()

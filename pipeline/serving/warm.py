@@ -56,10 +56,12 @@ from pipeline.deploy.warm import (
     cache_runtime,
     model_as_cwd,
     place_warm,
+    warm_key,
 )
 from pipeline.stages.serve import vllm_model
 
 if TYPE_CHECKING:
+    from pipeline.settings import Settings
     from registry.context import Context
 
 _LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$")
@@ -74,6 +76,8 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     model_dir: Path | None = None
     seeded: str | None = None  # the warm cache placed in `.warm/` before the start, if any
+    key: WarmKey | None = None  # this node's warm key for the artifact (`seed` sets it)
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)  # this node's, probed once
 
 
 def launch(argv: Sequence[str], serving_dir: Path) -> Launch | None:
@@ -96,18 +100,23 @@ def launch(argv: Sequence[str], serving_dir: Path) -> Launch | None:
                   None if model is None else Path(model).absolute())
 
 
-def seed(ctx: Context, started: Launch | None, artifact: str) -> Launch | None:
-    """*started* with the warm cache this node already has for *artifact* placed in its
-    `.warm/` (the smoke then measures a warm start, and what it captures after includes
-    it); as it was when there is none or it cannot be used (a cold start)."""
+def seed(ctx: Context, settings: Settings, started: Launch | None,
+         artifact: str) -> Launch | None:
+    """*started* with this node's warm key for *artifact* (its fingerprint probed once, with
+    *settings*, for the start and for the capture after it) and the warm cache this node
+    already has for that key placed in its `.warm/` (the smoke then measures a warm start,
+    and what it captures includes it); cold when there is none or it cannot be used."""
+    from pipeline.planning.toolchain import probe
     from registry.ops.fetch import load_manifest
 
     if started is None:
         return None
-    placed = place_warm(ctx, load_manifest(ctx, artifact), started.cwd)
-    if placed.digest is None:
-        return started
-    return replace(started, seeded=placed.digest)
+    manifest = load_manifest(ctx, artifact)
+    fingerprint = probe(settings).toolchain
+    template = list((manifest.serve or {}).get("argv") or started.argv)
+    key = warm_key(artifact, template, fingerprint)
+    placed = place_warm(ctx, manifest, started.cwd, key)
+    return replace(started, key=key, fingerprint=fingerprint.as_dict(), seeded=placed.digest)
 
 
 def neutral(length: int) -> bytes:
@@ -134,12 +143,16 @@ def copy_neutral(source: Path, dest: Path, host_paths: Sequence[str]) -> int:
     return copied
 
 
-def capture(ctx: Context, started: Launch, *, artifact: str, key: WarmKey,
-            labels: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str | None:
-    """Publish what the server started by *started* wrote under `.warm/` as *artifact*'s
-    warm cache (module doc); its digest, or None when it wrote nothing."""
+def capture(ctx: Context, started: Launch, *, artifact: str,
+            labels: Mapping[str, Any]) -> str | None:
+    """Publish what the server started by *started* (after `seed`) wrote under `.warm/` as
+    *artifact*'s warm cache (module doc); its digest, or None when it wrote nothing or has
+    no key."""
     from registry.ops.publish import publish
 
+    key = started.key
+    if key is None:
+        return None
     staging = started.cwd.with_name(started.cwd.name + ".capture")
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -155,7 +168,7 @@ def capture(ctx: Context, started: Launch, *, artifact: str, key: WarmKey,
             ctx, staging, kind="warm-cache", status="ready", key=key.key,
             labels={**kept, "runtime": key.runtime, "gpu": key.gpu,
                     "sm": key.toolchain.get("sm"), "artifact": artifact},
-            toolchain={name: fingerprint.get(name) for name in fingerprint},
+            toolchain=dict(started.fingerprint),
             inputs=(artifact,), serve={"env": dict(LAYOUTS[key.runtime]),
                                        "args": list(key.args)})
         return published.digest
