@@ -50,8 +50,9 @@ def make_engine(root: Path, *, tp: int = 1, shape: Shape = SHAPE) -> Path:
     flags = build_flags(BuildSettings(), shape, "bf16", "auto", tp=tp, family="llama")
     build = build_argv(checkpoint_dir=checkpoint, output_dir=engine, flags=flags, workers=1)
     build[0] = str(FAKES / "bin" / "trtllm-build")
-    for argv in (convert, [sys.executable, *build]):
-        subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    for argv in (convert, [sys.executable, *build]):  # in *root*: trtllm-build writes its
+        # timing cache to ./model.cache when no --output_timing_cache is given
+        subprocess.run(argv, check=True, capture_output=True, timeout=60, cwd=root)
     # the build stage's tokenizer/ (pipeline.executors.work): the HF config and tokenizer files
     shutil.copytree(hf, engine / "tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
     return engine
