@@ -6,6 +6,8 @@ is made once per worker that asks for it, and a few cost tens of seconds each (a
 the tiny Llama and its quantized checkpoints, a vLLM model, a built wheel). Every test that uses
 one of those is put in the group named after it (where it is defined, and its name), so it is
 made once. A test that uses several goes with the session-scoped one, the most widely shared.
+A module that names its own `xdist_group` keeps it: the Ray modules are split into two groups,
+each on its own worker with its own cluster, so that neither half waits for the other.
 
 Fixtures used in more than one folder are defined here or in the plugins below, never imported
 by a test module: the S3 servers, buckets and stores (tests/integration/s3_fixtures.py), the
@@ -14,7 +16,9 @@ registry databases (tests/integration/db_fixtures.py), and `vllm_python`.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,14 @@ from tests.helpers import ROOT
 from tests.models import unavailable
 
 pytest_plugins = ("tests.integration.s3_fixtures", "tests.integration.db_fixtures")
+
+# The stand-ins in tests/fakes are `#!/usr/bin/env python3` scripts: the python3 they find is
+# this venv's, as in the builder image, where trtllm-build and trtllm-serve are entry points of
+# its one Python. Otherwise, where python3 is a pyenv shim, every nvidia-smi, trtllm-build
+# and trtllm-serve call first runs ~25 shell processes (0.1-0.5 s each call, thousands of
+# calls), and trtllm-serve's stand-in starts twice (it re-runs itself under a Python with
+# transformers). Set here, before any test or worker builds an environment from os.environ.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
 
 SHARED = frozenset({
     "ray_cluster",  # tests/ray: four raylets
@@ -57,6 +69,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             fixture = definitions.name2fixturedefs[name][-1]  # the one this test gets
             if fixture.scope in ("session", "module"):
                 shared.append((fixture.scope != "session", fixture.baseid, name))
-        if shared:
+        if shared and item.get_closest_marker("xdist_group") is None:  # a module may choose
             _, where, name = min(shared)
             item.add_marker(pytest.mark.xdist_group(f"{where or 'tests'}::{name}"))
