@@ -1,4 +1,6 @@
-"""A real local Ray cluster for the fleet tests, started once per session.
+"""A real local Ray cluster for the fleet tests, started once per xdist worker that runs them
+(the Ray modules are two xdist groups, `tests/ray::ray_cluster-1` and `-2`, so two workers each
+start one and run their halves side by side; one at a time without xdist).
 
 `ray.cluster_utils.Cluster` starts real raylets (their own processes, on this machine):
 

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from registry.sql.db import open_registry
+from registry.sql.leases import get_stage_run
 from tests.helpers import children_get_default_signals, expect_exit, with_default_signals
 from tests.integration.builds import make_model
 
@@ -39,6 +41,11 @@ IMAGES = {  # the builder image each node runs (its own ENGINECTL_IMAGE_DIGEST),
     "h100-b": "sha256:" + "a1" * 32, "l40s": "sha256:" + "1a" * 32,
 }
 SECRET = "never-print-this-7f3a"  # noqa: S105 - the registry password and S3 secret key the tests use
+ONE_H100 = {"gpu": ["h100"], "tp": [1], "include": [], "exclude": [{"runtime": "vllm"}]}
+"""fleet_recipe changes: one H100 engine at tp 1, no vLLM entry."""
+PG = pytest.mark.parametrize("fleet_env", [("file", "postgresql")], indirect=True,
+                             ids=["file-postgresql"])
+"""Run a test on a file store and PostgreSQL only."""
 RAY_TIMEOUT_S = 300  # a guard against a hung CLI, not a timing assertion
 
 
@@ -179,3 +186,10 @@ def kill_tool(pidfile: Path) -> None:
     with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
+
+
+def stage_rows(env: dict[str, str], keys: list[str]) -> dict[str, object]:
+    """The registry's stage run for each of *keys* (None where there is none)."""
+    with open_registry(env["ENGINECTL_REGISTRY_URL"]) as registry, \
+            registry.session(readonly=True) as session:
+        return {key: get_stage_run(session, key) for key in keys}

@@ -12,6 +12,8 @@ from registry.sql.db import open_registry
 from registry.sql.records import list_artifacts
 from tests.ray.fleet import H100, enginectl, fleet_recipe
 
+pytestmark = pytest.mark.xdist_group("tests/ray::ray_cluster-2")  # its cluster: conftest.py
+
 
 @pytest.mark.parametrize("fleet_env", [("file", "postgresql")], indirect=True,
                          ids=["file-postgresql"])

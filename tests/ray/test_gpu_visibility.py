@@ -18,6 +18,9 @@ import pytest
 
 from tests.ray.fleet import FakeCluster, enginectl, fleet_recipe
 
+pytestmark = pytest.mark.xdist_group("tests/ray::ray_cluster-2")  # its cluster: conftest.py
+
+
 EVERY_GPU = "0,1,2,3,4,5,6,7"
 
 

@@ -15,6 +15,9 @@ from registry.sql.db import open_registry
 from registry.sql.records import list_artifacts
 from tests.ray.fleet import DRIVER, FakeCluster, enginectl, fleet_recipe
 
+pytestmark = pytest.mark.xdist_group("tests/ray::ray_cluster-2")  # its cluster: conftest.py
+
+
 NEW = "575.57.08"
 
 

@@ -13,6 +13,9 @@ from registry.sql.build_inputs import toolchain_history
 from registry.sql.db import open_registry
 from tests.ray.fleet import H100, IMAGES, FakeCluster, enginectl, fleet_recipe
 
+pytestmark = pytest.mark.xdist_group("tests/ray::ray_cluster-2")  # its cluster: conftest.py
+
+
 FILE_SQLITE = pytest.mark.parametrize("fleet_env", [("file", "sqlite")], indirect=True,
                                       ids=["file-sqlite"])
 
