@@ -2,7 +2,8 @@
 (`enforce_eager: false`), built and smoked once (the smoke captures its warm cache), then
 pulled into a fresh directory per round, cold (`pull --no-warm`) and warm, in interleaved
 rounds (cold, warm, cold, warm, …). Each round runs serve.json as a deploy tool does (from
-its `cwd`, with its `env`) and times process start → the first token of a greedy streamed
+its `cwd`, with its `env`) on a fresh node (`fresh_node`: nothing an earlier start left on
+this machine helps either side) and times process start → the first token of a greedy streamed
 completion; the answer must be the same every round. Reported: median cold / median warm
 (goal ≥ 1.5 on this machine) with each round's seconds and the load average.
 
@@ -37,6 +38,8 @@ from _support import (
 from pipeline.serving.smoke import free_port
 
 PROMPT = "The capital of France is"
+NODE_CACHES = ("XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+               "TRITON_HOME")
 
 
 def vllm_python() -> str:
@@ -82,6 +85,17 @@ def first_token(port: int, deadline: float) -> str:
     raise SystemExit("the server did not answer in time")
 
 
+def fresh_node(env: dict[str, str], node: Path) -> dict[str, str]:
+    """*env* as on a node that has never served: its own empty HOME and TMPDIR, and no cache
+    variable inherited. Without this a cold start is not cold: torch's Inductor keeps its
+    cache in `$TMPDIR/torchinductor_$USER`, Triton in `~/.triton`, vLLM in `~/.cache/vllm`,
+    all shared by every earlier start on this machine."""
+    clean = {name: value for name, value in env.items() if name not in NODE_CACHES}
+    for part in ("home", "tmp"):
+        (node / part).mkdir(parents=True)
+    return {**clean, "HOME": str(node / "home"), "TMPDIR": str(node / "tmp")}
+
+
 def one_start(env: dict[str, str], entry: str, work: Path, *, warm: bool) -> tuple[float, str]:
     """Pull *entry* into a fresh directory and time its start to the first token."""
     out = work / f"{'warm' if warm else 'cold'}-{time.monotonic_ns()}"
@@ -91,7 +105,8 @@ def one_start(env: dict[str, str], entry: str, work: Path, *, warm: bool) -> tup
     pulled = json.loads(cli(env, *args, *([] if warm else ["--no-warm"])))
     if warm and pulled["warm_cache"] is None:
         raise SystemExit(f"no warm cache was placed: {pulled['notes']}")
-    run_env = {**env, **pulled["env"], "VLLM_CPU_KVCACHE_SPACE": "1"}
+    run_env = {**fresh_node(env, out.parent / f"{out.name}.node"), **pulled["env"],
+               "VLLM_CPU_KVCACHE_SPACE": "1"}
     with (out.parent / f"{out.name}.log").open("wb") as server_log:
         started = time.monotonic()
         process = subprocess.Popen(pulled["argv"], cwd=pulled["cwd"], env=run_env,

@@ -17,6 +17,9 @@ registry that cannot say, leaves DIR without `.warm/` and the runtime starts col
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -36,8 +39,13 @@ WARM_DIR: Final = ".warm"
 LAYOUTS: Final[Mapping[str, Mapping[str, str]]] = {
     # vllm/envs.py: VLLM_CACHE_ROOT (compile cache, model info); torch's Inductor and Triton
     # read TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR.
+    # TMPDIR: Inductor keeps its precompiled C++ header (~150 MB, ~10 s to build at each CPU
+    # start) in default_cache_dir()/precompiled_headers, which is $TMPDIR/torchinductor_$USER
+    # whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py _HEADER_DIR,
+    # runtime/cache_dir_utils.py default_cache_dir; its file name hashes the compiler, its
+    # version and flags, so another compiler misses it); only that folder is kept (`kept`).
     "vllm": {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
-             "TRITON_CACHE_DIR": "triton"},
+             "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"},
     # TensorRT-LLM 1.2 tensorrt_llm/_torch/pyexecutor/model_engine.py: the autotuner warm-up
     # runs under `autotune(cache_path=os.environ.get("TLLM_AUTOTUNER_CACHE_PATH"))` (a file,
     # loaded at the start and saved at the end); its torch.compile uses Inductor and Triton.
@@ -45,6 +53,8 @@ LAYOUTS: Final[Mapping[str, Mapping[str, str]]] = {
                        "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"},
 }
 FILE_VARIABLES: Final = frozenset({"TLLM_AUTOTUNER_CACHE_PATH"})  # a file, not a directory
+_HEADERS: Final = re.compile(r"tmp/torchinductor_[^/]+/precompiled_headers/[^/]+")
+_LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$")
 KEY_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "vllm": ("driver", "vllm"),
     "trtllm-pytorch": ("driver", "cuda", "tensorrt", "trtllm"),
@@ -138,7 +148,40 @@ def cache_env(runtime: str, root: Path) -> dict[str, str]:
         place = root / WARM_DIR / relative
         (place.parent if name in FILE_VARIABLES else place).mkdir(parents=True, exist_ok=True)
         env[name] = f"{WARM_DIR}/{relative}"
+    if "TMPDIR" in env and runtime == "vllm":
+        # vLLM's ZeroMQ sockets are made in VLLM_RPC_BASE_PATH, by default the temp folder
+        # (vllm/utils/network_utils.py get_open_zmq_ipc_path); a socket's path has at most
+        # 107 bytes, which `.warm/tmp` under a deep directory would pass
+        env["VLLM_RPC_BASE_PATH"] = tempfile.gettempdir()
     return env
+
+
+def kept(relative: str) -> bool:
+    """Whether the file at *relative* (a path under `.warm/`) belongs in a warm cache: not a
+    lock or temp file, and of the server's TMPDIR only Inductor's precompiled headers."""
+    if relative.startswith("tmp/") and not _HEADERS.fullmatch(relative):
+        return False
+    return not _LEFT_OUT.search(relative)
+
+
+def inductor_user() -> str:
+    """The user part of Inductor's default cache folder on this node, as torch names it
+    (torch/_inductor/runtime/cache_dir_utils.py default_cache_dir)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", user)
+
+
+def placed_path(relative: str, user: str) -> str:
+    """Where a warm cache's file at *relative* goes under `.warm/` on a node where *user*
+    runs the server: Inductor's precompiled headers under that user's folder, the rest as
+    captured."""
+    if _HEADERS.fullmatch(relative):
+        _, _, rest = relative.split("/", 2)
+        return f"tmp/torchinductor_{user}/{rest}"
+    return relative
 
 
 def model_as_cwd(argv: Sequence[str]) -> list[str]:
@@ -224,7 +267,8 @@ def _copy_in(ctx: Context, digest: str, dest: Path) -> None:
         fetched = Path(scratch) / "files"
         fetch_manifest(lazy_store(ctx), manifest, fetched, cache=ctx.cache)
         shutil.rmtree(dest, ignore_errors=True)
+        user = inductor_user()
         for entry in manifest.files:
-            target = dest.joinpath(*entry.path.split("/"))
+            target = dest.joinpath(*placed_path(entry.path, user).split("/"))
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(fetched.joinpath(*entry.path.split("/")), target)

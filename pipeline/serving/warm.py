@@ -24,8 +24,9 @@ A smoke on a node that already has a warm cache of the artifact for its exact ke
 it (`seed`): its report's `ready_s` is then a warm start (`warm_cache` names the cache), which
 `compare` shows beside the cold one.
 
-Capture (`capture`): after a passing smoke, the files under `.warm/` (lock files left out)
-are copied aside with every occurrence of the serving directory's absolute path, and of the
+Capture (`capture`): after a passing smoke, the files under `.warm/` (lock and temp files
+left out; of the server's TMPDIR only Inductor's precompiled headers, `pipeline.deploy.warm.
+kept`) are copied aside with every occurrence of the serving directory's absolute path, and of the
 model directory's, overwritten by a neutral string of the same length (compiled objects keep
 their build path in debug strings; vLLM's AOT artifact records its Inductor directory):
 nothing host-specific is published. The copy is published as a `warm-cache` artifact, status
@@ -41,12 +42,11 @@ can be captured (`launch`), and captures them.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from pipeline.deploy.warm import (
     LAYOUTS,
@@ -54,6 +54,7 @@ from pipeline.deploy.warm import (
     WarmKey,
     cache_env,
     cache_runtime,
+    kept,
     model_as_cwd,
     place_warm,
     warm_key,
@@ -63,8 +64,6 @@ from pipeline.stages.serve import vllm_model
 if TYPE_CHECKING:
     from pipeline.settings import Settings
     from registry.context import Context
-
-_LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$")
 
 @dataclass(frozen=True)
 class Launch:
@@ -131,7 +130,7 @@ def copy_neutral(source: Path, dest: Path, host_paths: Sequence[str]) -> int:
     copied = 0
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source).as_posix()
-        if path.is_symlink() or not path.is_file() or _LEFT_OUT.search(relative):
+        if path.is_symlink() or not path.is_file() or not kept(relative):
             continue
         data = path.read_bytes()
         for pattern in patterns:

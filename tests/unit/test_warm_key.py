@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from pipeline.deploy.warm import cache_runtime, model_as_cwd, serve_args, warm_key
+from pipeline.deploy.warm import (
+    cache_env,
+    cache_runtime,
+    inductor_user,
+    kept,
+    model_as_cwd,
+    placed_path,
+    serve_args,
+    warm_key,
+)
 from pipeline.planning.toolchain import Toolchain
 from pipeline.serving.warm import copy_neutral, neutral
 
@@ -99,3 +108,40 @@ def test_a_capture_holds_no_host_path(tmp_path: Path) -> None:
     original = (source / "vllm" / "k.so").read_bytes()
     assert len((dest / "vllm" / "k.so").read_bytes()) == len(original)  # offsets unchanged
     assert neutral(5) == b"/engi"
+
+
+HEADER = "tmp/torchinductor_root/precompiled_headers/cg2scll.h"
+
+
+@pytest.mark.parametrize(("relative", "wanted"), [
+    ("vllm/torch_compile_cache/torch_aot_compile/581b/rank_0_0/model", True),
+    ("inductor/fxgraph/ab/cd", True),
+    (HEADER, True),
+    (HEADER + ".gch", True),
+    ("tmp/torchinductor_root/precompiled_headers/locks/cg2scll.lock", False),
+    ("tmp/vllm_dist_c5c1f18b", False),  # the server's other temp files
+    ("tmp/8c6f6e40-49dd/header.hpp", False),
+    ("inductor/locks/c244.lock", False),
+    ("triton/ab/kernel.json.tmp.pid_12_34", False),
+])
+def test_a_capture_keeps_caches_and_of_the_temp_folder_only_inductors_headers(
+        relative: str, wanted: bool) -> None:
+    assert kept(relative) is wanted
+
+
+def test_the_precompiled_headers_go_where_inductor_looks_for_this_user() -> None:
+    torch_dirs = pytest.importorskip("torch._inductor.runtime.cache_dir_utils")
+    assert Path(torch_dirs.default_cache_dir()).name == f"torchinductor_{inductor_user()}"
+    assert (placed_path(HEADER + ".gch", "svc")
+            == "tmp/torchinductor_svc/precompiled_headers/cg2scll.h.gch")
+    assert placed_path("vllm/model", "svc") == "vllm/model"
+
+
+def test_vllm_starts_with_its_temp_folder_in_warm_and_its_sockets_outside(tmp_path: Path) -> None:
+    env = cache_env("vllm", tmp_path)
+    assert env["TMPDIR"] == ".warm/tmp"
+    assert (tmp_path / ".warm" / "tmp").is_dir()
+    base = env["VLLM_RPC_BASE_PATH"]  # a socket path holds at most 107 bytes
+    assert Path(base).is_absolute()
+    assert len(f"{base}/{'0' * 36}") < 107
+    assert "TMPDIR" not in cache_env("trtllm-pytorch", tmp_path)
