@@ -48,7 +48,7 @@ from registry.context import Context
 from registry.gpus import CATALOG
 from registry.ops.resolve import Request, resolve
 from registry.sql.db import open_registry
-from registry.sql.models import Artifact, ArtifactEvidence, SmokeReport
+from registry.sql.models import Artifact, ArtifactEvidence, SmokeReportRow
 
 POSTGRES_URL = os.environ.get(
     "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -142,7 +142,7 @@ def seed(url: str, count: int, rng: random.Random) -> tuple[int, int, float]:
     smoke, evidence = smoke_rows(artifacts, rng)
     start = time.perf_counter()
     with open_registry(url) as registry, registry.session() as session:
-        for table, rows in ((Artifact.__table__, artifacts), (SmokeReport.__table__, smoke),
+        for table, rows in ((Artifact.__table__, artifacts), (SmokeReportRow.__table__, smoke),
                             (ArtifactEvidence.__table__, evidence)):
             for first in range(0, len(rows), 5000):
                 session.execute(table.insert(), rows[first:first + 5000])

@@ -19,7 +19,7 @@ Beside them, at the top level, the modules every room reads and none owns:
 
     errors      the pipeline's errors (exit codes), under registry.errors.EnginectlError
     settings    where things live on this machine, from the environment (imports `host`)
-    report      the text the CLI and a build print for plans and the registry's listings
+    listings    the text the CLI and a build print for plans and the registry's listings
     info        `enginectl info`: locations, reachability and runtimes, read by the CLI only
                 but drawing on settings, serving's runtimes and the registry alike
 

@@ -131,7 +131,7 @@ def ls_(as_json: bool, **filters: str | None) -> None:
     if as_json:
         echo_json(rows)
         return
-    from pipeline.report import artifact_table
+    from pipeline.listings import artifact_table
 
     click.echo(artifact_table(rows))
 
@@ -164,7 +164,7 @@ def show(ref: str, as_json: bool) -> None:
     if as_json:
         echo_json(info)
         return
-    from pipeline.report import show_lines
+    from pipeline.listings import show_lines
 
     click.echo("\n".join(show_lines(info)))
 
@@ -352,7 +352,7 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
     if as_json:
         echo_json(ranked.as_dict())
     else:
-        from pipeline.report import resolve_lines
+        from pipeline.listings import resolve_lines
 
         click.echo("\n".join(resolve_lines(ranked, explain)))
     if not ranked.candidates:

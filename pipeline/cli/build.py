@@ -102,7 +102,7 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
         for argv in the_plan.commands():
             click.echo(shlex.join(argv))
     else:
-        from pipeline.report import plan_lines
+        from pipeline.listings import plan_lines
 
         click.echo("\n".join(plan_lines(the_plan, built=frozenset(shown.built),
                                            toolchain_source=shown.toolchain_source)

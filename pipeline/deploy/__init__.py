@@ -5,7 +5,7 @@
     serve    pull into a cache-backed directory, then run the server in the foreground
     command  the serve argv for this node, from what a manifest records (pure)
     runtime  the runtime executables found on this node
-    target   the directory a pull fills: staged, then put into place all or nothing
+    dest     the directory a pull fills: staged, then put into place all or nothing
     tokenizer  where an engine's tokenizer directory comes from (its own, or its provenance)
     warm     the warm cache of this node: its key, the runtimes' cache variables, and the
              exact-match lookup and placement a pull does (`pipeline.serving.warm` captures)

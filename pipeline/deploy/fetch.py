@@ -4,10 +4,10 @@ the way pull fills a directory.
     with Context() as ctx:
         fetched = fetch(ctx, "llama70b/h100/prod", "/models/llama70b", force=True)
 
-The target is checked by `pipeline.deploy.guard.check_target` before anything is read
+The target is checked by `pipeline.deploy.guard.check_dest` before anything is read
 (`--force` replaces only a directory pull or fetch filled, or an empty one; never the store,
 the cache, a home or the working directory). The artifact (`registry.ops.fetch.choose`) is then
-placed by `registry.ops.fetch_files.fetch_manifest` into `pipeline.deploy.target.staged`, as pull's
+placed by `registry.ops.fetch_files.fetch_manifest` into `pipeline.deploy.dest.staged`, as pull's
 files are: a staging directory renamed into place or, for a mount point (a Kubernetes
 volume, which cannot be renamed over), filled in place behind the marker, so a fetch killed
 half way does not block the next one. The directory gets the marker (by "fetch") that lets
@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.deploy.guard import MARKER, check_target, protected_places
-from pipeline.deploy.target import staged
+from pipeline.deploy.dest import staged
+from pipeline.deploy.guard import MARKER, check_dest, protected_places
 from registry.ops.fetch import choose, lazy_store
 from registry.ops.fetch_files import Fetched, Verify, fetch_manifest
 
@@ -35,7 +35,7 @@ def fetch(ctx: Context, ref: str, dest: Path | str, *, verify: Verify = "fast",
           force: bool = False, allow_unready: bool = False,
           progress: Progress | None = None) -> Fetched:
     """Fetch *ref* into *dest* once the target rule allows it (module doc)."""
-    target = check_target(dest, force=force, verb="fetch", places=protected_places(ctx))
+    target = check_dest(dest, force=force, verb="fetch", places=protected_places(ctx))
     chosen = choose(ctx, ref, allow_unready=allow_unready)
     manifest = chosen.manifest
     entries = {entry.path.split("/", 1)[0] for entry in manifest.files}

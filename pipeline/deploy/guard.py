@@ -1,9 +1,9 @@
 """What `pull -o DIR` and `fetch -o DIR` may write to, and what they may replace: one rule.
 
-    check_target(dest, force=..., verb="pull", places=protected_places(ctx))
+    check_dest(dest, force=..., verb="pull", places=protected_places(ctx))
 
 A target is refused (UsageError, exit 2, nothing touched) when (the first and the last
-places are `registry.ops.fetch_files.check_target_place`'s, which the library's fetch applies too)
+places are `registry.ops.fetch_files.check_dest_place`'s, which the library's fetch applies too)
 
 - it is, or is a folder above, `/`, the working directory, your home directory ($HOME),
   enginectl's home, the store (`file://`) or the fetch cache; or lies inside enginectl's
@@ -157,13 +157,13 @@ def _room() -> int:
     return _STAGING_MARGIN + len(os.uname().nodename.encode())
 
 
-def check_target(dest: Path | str, *, force: bool, verb: By,
-                 places: Sequence[tuple[str, Path]]) -> Path:
+def check_dest(dest: Path | str, *, force: bool, verb: By,
+               places: Sequence[tuple[str, Path]]) -> Path:
     """*dest* (absolute) when *verb* may fill it, replacing what is there (module doc);
     UsageError, with nothing touched, when not."""
     dest = Path(dest)
     check_name_lengths(dest, "-o", room=_room())
-    absolute = fetch_files.check_target_place(dest, places, verb, INSIDE_REFUSED)
+    absolute = fetch_files.check_dest_place(dest, places, verb, INSIDE_REFUSED)
     try:
         return _check_content(absolute, dest, force=force, verb=verb)
     except OSError as exc:

@@ -15,7 +15,7 @@ with the command that serves it here.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
    merged into one manifest (a path in both must have the same content) and placed like
    `fetch` places one (through the cache, verified, hard links), with `serve.json` (below),
-   all or nothing (`pipeline.deploy.target`: a staging directory renamed into place, or,
+   all or nothing (`pipeline.deploy.dest`: a staging directory renamed into place, or,
    for a mount point, filled in place with `serve.json` last). A second pull is a cache hit:
    no byte is downloaded, and with the manifests kept in the cache no store request made.
 
@@ -34,7 +34,7 @@ the runtime needs none or none was found), the digests placed, and the warm cach
 (`pipeline.deploy.warm`): its digest, the runtime's cache variables (`env`, relative to
 `cwd`, the directory itself) — a server started from serve.json runs in `cwd` with `env`
 set; without a warm cache `env` is empty and argv runs from anywhere. What DIR may be, and what
-in it may be replaced, is `pipeline.deploy.guard.check_target`'s one rule, checked before
+in it may be replaced, is `pipeline.deploy.guard.check_dest`'s one rule, checked before
 anything is read: an absent or empty directory, or one an earlier pull filled (with *force*,
 an earlier fetch too), and never the store, the cache, a home or the working directory.
 """
@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
-from pipeline.deploy.guard import MARKER, check_target, protected_places
+from pipeline.deploy.dest import SCHEMA, SERVE_FILE, staged, write_json
+from pipeline.deploy.guard import MARKER, check_dest, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
-from pipeline.deploy.target import SCHEMA, SERVE_FILE, staged, write_json
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
 from pipeline.deploy.warm import Warm, node_key, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
@@ -324,7 +324,7 @@ def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runt
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
           progress: Progress | None = None, warm: bool = True) -> Pulled:
     """Put *selection*'s files and its `serve.json` at *dest*, all or nothing
-    (`pipeline.deploy.target.staged`), replacing what is there: *dest* is one `check_target`
+    (`pipeline.deploy.dest.staged`), replacing what is there: *dest* is one `check_dest`
     accepted (`pull`) or enginectl's own (`serve`'s serving directory). With *warm*, the
     warm cache captured for this node goes in `.warm/` (`pipeline.deploy.warm`)."""
     dest = Path(dest).absolute()
@@ -366,7 +366,7 @@ def pull(
     (`--no-warm`) leaves the warm cache out."""
     request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer)
-    dest = check_target(dest, force=force, verb="pull", places=protected_places(ctx))
+    dest = check_dest(dest, force=force, verb="pull", places=protected_places(ctx))
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
     ctx.begin(store=False)  # a cache hit needs no store

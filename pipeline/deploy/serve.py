@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
+from pipeline.deploy.dest import SCHEMA, SERVE_FILE, write_json
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -49,7 +50,6 @@ from pipeline.deploy.pull import (
     select,
 )
 from pipeline.deploy.runtime import Runtime, find_runtime
-from pipeline.deploy.target import SCHEMA, SERVE_FILE, write_json
 from pipeline.deploy.warm import WARM_DIR, Warm
 from pipeline.host.runner import start_process
 from pipeline.planning.capacity import serving_shortfall

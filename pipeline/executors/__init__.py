@@ -13,7 +13,7 @@ Running stage runs
     dag         the walk in dependency order (hits, skips, keep-going, Ctrl-C), for every
                 executor
     stage       one stage run on this machine: lease, inputs, run, validate, publish, smoke
-    work        running one stage (`run_stage`): inputs in, a validated output out
+    work        running one stage (`produce_output`): inputs in, a validated output out
     leaseguard  the heartbeat of a run's lease, and stopping the run when it is lost
     workdirs    the work directories of a build, removed once nothing reads them
     local       this machine's threads (the default)

@@ -39,7 +39,7 @@ from typing import Final, Literal
 from pipeline.errors import StageError
 from pipeline.executors.leaseguard import LeaseGuard
 from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
-from pipeline.executors.work import StageJob, run_stage
+from pipeline.executors.work import StageJob, produce_output
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.planning.capacity import on_this_node, run_need, shortfall
 from pipeline.planning.plan import Plan, StageRun
@@ -353,7 +353,7 @@ class StageWorker:
                 input_digests=tuple(digests[key] for key in run.inputs),
                 log_path=self._log(run), store=self.ctx.store,
             )
-            result = run_stage(job)
+            result = produce_output(job)
         guard.check()  # its tool may have ended before the loss stopped it: publish nothing
         published = publish(
             self.ctx, result.directory, kind=run.kind, labels=result.labels,

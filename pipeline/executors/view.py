@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.executors.result import BuildResult
+from pipeline.listings import plan_lines
 from pipeline.planning.keys import short_key
 from pipeline.planning.plan import Plan, StageRun
-from pipeline.report import plan_lines
 from registry.context import Context
 from registry.progress import Echo
 

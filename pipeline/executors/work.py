@@ -163,7 +163,7 @@ def _serve_template(job: StageJob) -> dict[str, Any] | None:
     return {"argv": argv, "model_dir": model_dir}
 
 
-def run_stage(job: StageJob) -> StageResult:
+def produce_output(job: StageJob) -> StageResult:
     run, out = job.run, job.run.workdir / "out"
     loaded = job.plan.loaded
     if run.stage == "snapshot":

@@ -23,13 +23,13 @@ from pipeline.nightly.diff import FieldChange, toolchain_changes
 from pipeline.serving.promote import (
     MEAN,
     ROBUST,
-    Level,
+    LevelChange,
     Promotion,
     compare_levels,
     latest_passing,
 )
 from registry.sql import records, smoke_records
-from registry.sql.smoke_records import SmokeReport
+from registry.sql.smoke_records import SmokeRecord
 
 if TYPE_CHECKING:
     from pipeline.executors.outcome import Outcome
@@ -46,7 +46,7 @@ class Regression:
     gpu: str
     max_regression: float
     changes: list[FieldChange] = field(default_factory=list)
-    levels: list[Level] = field(default_factory=list)
+    levels: list[LevelChange] = field(default_factory=list)
     role: str = "re-proof"  # or "incumbent": the artifact an alias points at, gate-measured
 
     @property
@@ -55,7 +55,7 @@ class Regression:
         return ", ".join(str(c) for c in self.changes) or "the toolchain changed"
 
     @property
-    def worst(self) -> Level:
+    def worst(self) -> LevelChange:
         return min((lv for lv in self.levels if lv.regressed),
                    key=lambda lv: (lv.new_tokens_per_s or 0) / (lv.old_tokens_per_s or 1))
 
@@ -75,8 +75,8 @@ class Regression:
                 "levels": [lv.as_dict() for lv in self.levels], "text": str(self)}
 
 
-def previous_proof(reports: list[SmokeReport], gpu: str, toolchain: dict[str, Any],
-                   before: datetime | None = None) -> SmokeReport | None:
+def previous_proof(reports: list[SmokeRecord], gpu: str, toolchain: dict[str, Any],
+                   before: datetime | None = None) -> SmokeRecord | None:
     """The last passing proof on *gpu* (made before *before*, when given) whose fingerprint
     is not *toolchain*."""
     found = None
@@ -89,7 +89,7 @@ def previous_proof(reports: list[SmokeReport], gpu: str, toolchain: dict[str, An
     return found
 
 
-def _judged(digest: str, gpu: str, max_regression: float, old: SmokeReport | None, *,
+def _judged(digest: str, gpu: str, max_regression: float, old: SmokeRecord | None, *,
             new: Mapping[str, Any], toolchain: dict[str, Any], role: str) -> Regression | None:
     if old is None or old.toolchain is None:
         return None
@@ -134,7 +134,7 @@ def incumbent_regression(session: Session, promotion: Promotion, gpu: str,
 
 
 def target_levels(ctx: Context, plan: Plan, old: Plan | None, target_id: str,
-                   outcomes: dict[str, Outcome]) -> tuple[list[Level], dict[str, Any] | None]:
+                   outcomes: dict[str, Outcome]) -> tuple[list[LevelChange], dict[str, Any] | None]:
     """The target's smoke throughput before (its artifact under the old keys, measured on
     this SKU) and now, per level, and how its smoke now started (`ready_s`, and the
     `warm_cache` it started from: None, cold): what the report shows beside its verdict."""

@@ -12,7 +12,7 @@ from typing import Any, Final
 from pipeline.nightly.verdict import VERDICTS, NightlyReport, TargetReport, ordered
 from pipeline.planning.keys import short_key
 from pipeline.serving.compare_html import PAGE_CSS, escape, write_page
-from pipeline.serving.promote import Level
+from pipeline.serving.promote import LevelChange
 from pipeline.settings import NOTIFY_TIMEOUT_DEFAULT_S
 
 
@@ -89,7 +89,7 @@ def _ms(seconds: float | None) -> str:
     return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
 
 
-def _level_line(level: Level) -> str:
+def _level_line(level: LevelChange) -> str:
     return (f"c={level.concurrency:<4} {_rate(level.old_tokens_per_s):>8} → "
             f"{_rate(level.new_tokens_per_s):<8} tok/s   TTFT p50 "
             f"{_ms(level.old_ttft_p50_s)} → {_ms(level.new_ttft_p50_s)} ms"

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from pipeline.nightly.alarm import Regression
 from pipeline.nightly.diff import FieldChange
-from pipeline.serving.promote import Level, Promotion
+from pipeline.serving.promote import LevelChange, Promotion
 
 VERDICTS: Final = ("regressed", "failed", "held", "promoted", "rebuilt", "re-proved",
                    "skipped", "unchanged", "would rebuild", "would re-prove")
@@ -55,7 +55,7 @@ class StageReport:
 class TargetReport:
     id: str
     stages: list[StageReport] = field(default_factory=list)
-    levels: list[Level] = field(default_factory=list)
+    levels: list[LevelChange] = field(default_factory=list)
     """Old and new smoke throughput and TTFT per concurrency level."""
     promotions: list[Promotion] = field(default_factory=list)
     regressions: list[Regression] = field(default_factory=list)

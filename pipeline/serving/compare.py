@@ -164,7 +164,7 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _row(record: records.ArtifactRecord, smoke: smoke_records.SmokeReport | None,
+def _row(record: records.ArtifactRecord, smoke: smoke_records.SmokeRecord | None,
          build_s: float | None) -> Row:
     report = smoke.report if smoke else {}
     levels = tuple(sorted(

@@ -46,7 +46,7 @@ Action = Literal["promoted", "held", "unchanged", "re-proved", "not-ready"]
 
 
 @dataclass(frozen=True, slots=True)
-class Level:
+class LevelChange:
     """One concurrency level, old and new side by side (None: not measured there).
 
     *figure* names what the tokens/s are: "median_request_tokens_per_s" (robust, when both
@@ -83,7 +83,7 @@ class Promotion:
     old: str | None  # the digest the alias pointed at before
     new: str | None  # the target's artifact now
     max_regression: float
-    levels: list[Level] = field(default_factory=list)
+    levels: list[LevelChange] = field(default_factory=list)
     reason: str = ""
     rule: str = ""  # what decided (module doc)
 
@@ -114,7 +114,7 @@ MEAN: Final = "output_tokens_per_s"
 
 
 def compare_levels(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
-                   max_regression: float | None) -> list[Level]:
+                   max_regression: float | None) -> list[LevelChange]:
     """The load levels of two smoke reports side by side; a level where both measured and
     the new throughput is below (1 - *max_regression*) of the old is `regressed` (never,
     with *max_regression* None: a comparison to show, not a gate). The throughput compared
@@ -131,13 +131,13 @@ def compare_levels(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
         regressed = (max_regression is not None and old_tps is not None
                      and new_tps is not None and new_tps < (1 - max_regression) * old_tps)
         ttft = "median_ttft_s" if robust else "ttft_p50_s"
-        levels.append(Level(concurrency, old_tps, new_tps, _number(was.get(ttft)),
-                            _number(now.get(ttft)), regressed, figure))
+        levels.append(LevelChange(concurrency, old_tps, new_tps, _number(was.get(ttft)),
+                                  _number(now.get(ttft)), regressed, figure))
     return levels
 
 
-def latest_passing(reports: Iterable[smoke_records.SmokeReport], *, key: str | None = None,
-                   gpu: str | None = None) -> smoke_records.SmokeReport | None:
+def latest_passing(reports: Iterable[smoke_records.SmokeRecord], *, key: str | None = None,
+                   gpu: str | None = None) -> smoke_records.SmokeRecord | None:
     """The newest passing report (of smoke run *key*, measured on *gpu*, when given)."""
     found = None
     for report in reports:
@@ -297,10 +297,11 @@ def _rounds(plan: Plan) -> int:
     return plan.loaded.recipe.nightly.gate_rounds
 
 
-def _level(level: GateLevel) -> Level:
-    return Level(level.concurrency, level.incumbent_tokens_per_s, level.candidate_tokens_per_s,
-                 level.incumbent_ttft_s, level.candidate_ttft_s, level.regressed, ROBUST,
-                 level.rounds, level.incumbent_spread, level.candidate_spread)
+def _level(level: GateLevel) -> LevelChange:
+    return LevelChange(level.concurrency, level.incumbent_tokens_per_s,
+                       level.candidate_tokens_per_s, level.incumbent_ttft_s,
+                       level.candidate_ttft_s, level.regressed, ROBUST, level.rounds,
+                       level.incumbent_spread, level.candidate_spread)
 
 
 def _move(ctx: Context, plan: Plan, channel: Channel, made: Promotion) -> Promotion:

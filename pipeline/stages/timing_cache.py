@@ -89,7 +89,7 @@ MERGE: Final = (
 
 
 @dataclass(frozen=True, slots=True)
-class Pool:
+class CacheScope:
     """The GPUs whose builds share a timing cache: one SKU and SM, one TensorRT version."""
 
     sku: str
@@ -97,7 +97,7 @@ class Pool:
     tensorrt: str
 
     @classmethod
-    def of(cls, gpu: GpuSpec, tensorrt: str | None) -> Pool | None:
+    def of(cls, gpu: GpuSpec, tensorrt: str | None) -> CacheScope | None:
         """The pool of *gpu* with *tensorrt*; None when the version is unknown or a part
         would not be a safe key segment."""
         if tensorrt is None or not _SEGMENT.fullmatch(gpu.sku) \
@@ -113,20 +113,20 @@ class Pool:
         return f"{self.sku} (SM {self.sm}, TensorRT {self.tensorrt})"
 
 
-def cache_key(pool: Pool, data: bytes) -> str:
+def cache_name(pool: CacheScope, data: bytes) -> str:
     """Where *data*, a serialized timing cache of *pool*, is stored."""
     return f"{pool.prefix}{hashlib.sha256(data).hexdigest()}.cache"
 
 
-def is_cache_key(pool: Pool, key: str) -> bool:
-    """Whether *key* is a cache of *pool* as `cache_key` names it (not a temp file, not one of
+def is_cache_name(pool: CacheScope, key: str) -> bool:
+    """Whether *key* is a cache of *pool* as `cache_name` names it (not a temp file, not one of
     a deeper prefix)."""
     return key.startswith(pool.prefix) and _NAME.fullmatch(key[len(pool.prefix):]) is not None
 
 
-def newest(objects: Iterable[ObjectInfo], pool: Pool) -> list[ObjectInfo]:
+def newest(objects: Iterable[ObjectInfo], pool: CacheScope) -> list[ObjectInfo]:
     """*pool*'s caches among *objects*, newest first."""
-    found = [info for info in objects if is_cache_key(pool, info.key)]
+    found = [info for info in objects if is_cache_name(pool, info.key)]
     return sorted(found, key=lambda info: (info.modified, info.key), reverse=True)
 
 
@@ -136,7 +136,7 @@ class TimingCache:
     it succeeded. Neither raises."""
 
     store: Store | None
-    pool: Pool | None
+    pool: CacheScope | None
     directory: Path
     """Where the inputs, the merge and the output are (in the run's work directory)."""
     python: str
@@ -176,7 +176,7 @@ class TimingCache:
             if not data:
                 self._note(f"trtllm-build wrote none to {self.output}: nothing to publish")
                 return
-            key = cache_key(self.pool, data)
+            key = cache_name(self.pool, data)
             self.store.put_object(key, data)
         except Exception as exc:  # noqa: BLE001 - an optimisation: nothing here fails a build
             self._note(f"not published ({type(exc).__name__}: {exc})")
@@ -236,9 +236,9 @@ class TimingCache:
                            "(another TensorRT or GPU, or damaged): not used")
         return [key for path, key in paths.items() if path in accepted]
 
-    def _compact(self, store: Store, pool: Pool, data: bytes, combined: list[str]) -> None:
+    def _compact(self, store: Store, pool: CacheScope, data: bytes, combined: list[str]) -> None:
         """Store the merge of *combined*, then delete them: it holds all their entries."""
-        key = cache_key(pool, data)
+        key = cache_name(pool, data)
         try:
             store.put_object(key, data)
             for old in combined:
@@ -261,5 +261,5 @@ def for_build(store: Store | None, gpu: GpuSpec, tensorrt: str | None, workdir: 
               python: str, log_path: Path) -> TimingCache:
     """The timing cache of an engine build on *gpu* with TensorRT *tensorrt* (the pool's
     toolchain, whether or not the key's rebuild policy counts it), kept in *workdir*."""
-    return TimingCache(store, Pool.of(gpu, tensorrt), workdir / "timing-cache", python,
+    return TimingCache(store, CacheScope.of(gpu, tensorrt), workdir / "timing-cache", python,
                        log_path)

@@ -16,8 +16,8 @@ sort by time), and the 32 hex digits a random token that keeps two records made 
 microsecond apart. Alias names are those `registry.identity.refs.check_alias_name` accepts
 (lowercase, `/`-separated, no empty, `.` or `..` segment), so a name is a safe key as it is.
 
-Keys are relative, use `/`, and are the same strings on disk (under the store root) and in a
-bucket (under the prefix). Each `*_key` function and its `parse_*_key` are exact inverses;
+Object names (S3 calls them keys) are relative, use `/`, and are the same strings on disk (under the store root) and in a
+bucket (under the prefix). Each `*_name` function and its `parse_*_name` are exact inverses;
 parsing is strict, so a temp file, a stray object or a traversal attempt is never mistaken
 for a stored object.
 """
@@ -67,27 +67,27 @@ def blob_shard(digest: Digest) -> str:
     return f"{BLOBS}{digest.hex[:2]}/"
 
 
-def blob_key(digest: Digest) -> str:
+def blob_name(digest: Digest) -> str:
     """`blobs/xxh3-128/ab/<30 hex>` for an xxh3-128 digest; ValueError for any other."""
     return f"{blob_shard(digest)}{digest.hex[2:]}"
 
 
-def manifest_key(digest: Digest) -> str:
+def manifest_name(digest: Digest) -> str:
     """`manifests/sha256/<64 hex>.json` for a sha256 digest; ValueError for any other."""
     _require(digest, "sha256")
     return f"{MANIFESTS}{digest.hex}.json"
 
 
-def parse_blob_key(key: str) -> Digest:
-    """The digest stored at *key*; ValueError unless *key* is exactly what `blob_key` makes."""
+def parse_blob_name(key: str) -> Digest:
+    """The digest stored at *key*; ValueError unless *key* is exactly what `blob_name` makes."""
     match = _BLOB_KEY.fullmatch(key)
     if match is None:
         raise ValueError(f"not a blob key: {key!r} (expected 'blobs/xxh3-128/<2 hex>/<30 hex>')")
     return Digest("xxh3-128", match.group(1) + match.group(2))
 
 
-def parse_manifest_key(key: str) -> Digest:
-    """The digest stored at *key*; ValueError unless *key* is exactly what `manifest_key` makes."""
+def parse_manifest_name(key: str) -> Digest:
+    """The digest stored at *key*; ValueError unless *key* is exactly what `manifest_name` makes."""
     match = _MANIFEST_KEY.fullmatch(key)
     if match is None:
         raise ValueError(f"not a manifest key: {key!r} (expected 'manifests/sha256/<64 hex>.json')")
@@ -122,7 +122,7 @@ def _stamp(at: datetime, token: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class RecordKey:
+class RecordName:
     """Where one record of an artifact lives: `records/sha256/<hex>/<kind>/<at>-<token>.json`."""
 
     artifact: Digest
@@ -131,7 +131,7 @@ class RecordKey:
     token: str
 
     def __str__(self) -> str:
-        return record_key(self.artifact, self.kind, self.at, self.token)
+        return record_name(self.artifact, self.kind, self.at, self.token)
 
 
 def record_prefix(artifact: Digest | None = None) -> str:
@@ -142,7 +142,7 @@ def record_prefix(artifact: Digest | None = None) -> str:
     return f"{RECORDS}{artifact.hex}/"
 
 
-def record_key(artifact: Digest, kind: str, at: datetime, token: str) -> str:
+def record_name(artifact: Digest, kind: str, at: datetime, token: str) -> str:
     """`records/sha256/<64 hex>/<kind>/<at>-<token>.json`; ValueError for a digest that is
     not sha256, an unknown kind, a naive time or a token that is not 32 hex digits."""
     if kind not in RECORD_KINDS:
@@ -150,19 +150,19 @@ def record_key(artifact: Digest, kind: str, at: datetime, token: str) -> str:
     return f"{record_prefix(artifact)}{kind}/{_stamp(at, token)}.json"
 
 
-def parse_record_key(key: str) -> RecordKey:
-    """The record at *key*; ValueError unless *key* is exactly what `record_key` makes."""
+def parse_record_name(key: str) -> RecordName:
+    """The record at *key*; ValueError unless *key* is exactly what `record_name` makes."""
     match = _RECORD_KEY.fullmatch(key)
     if match is None or match.group(2) not in RECORD_KINDS:
         raise ValueError(f"not a record key: {key!r} "
                          "(expected 'records/sha256/<64 hex>/<kind>/<at>-<32 hex>.json')")
     kind: RecordKind = "smoke" if match.group(2) == "smoke" else "status"
-    return RecordKey(Digest("sha256", match.group(1)), kind, parse_time(match.group(3)),
-                     match.group(4))
+    return RecordName(Digest("sha256", match.group(1)), kind, parse_time(match.group(3)),
+                      match.group(4))
 
 
 @dataclass(frozen=True, slots=True)
-class AliasKey:
+class AliasRecordName:
     """Where one move of an alias lives: `aliases/<name>/<at>-<token>.json`."""
 
     name: str
@@ -170,28 +170,28 @@ class AliasKey:
     token: str
 
     def __str__(self) -> str:
-        return alias_record_key(self.name, self.at, self.token)
+        return alias_record_name(self.name, self.at, self.token)
 
 
-def alias_record_key(name: str, at: datetime, token: str) -> str:
+def alias_record_name(name: str, at: datetime, token: str) -> str:
     """`aliases/<name>/<at>-<token>.json`; ValueError for a name `check_alias_name` refuses."""
     if not valid_alias_name(name):
         raise ValueError(f"not an alias name: {name!r}")
     return f"{ALIASES}{name}/{_stamp(at, token)}.json"
 
 
-def parse_alias_record_key(key: str) -> AliasKey:
-    """The alias move at *key*; ValueError unless *key* is exactly what `alias_record_key`
+def parse_alias_record_name(key: str) -> AliasRecordName:
+    """The alias move at *key*; ValueError unless *key* is exactly what `alias_record_name`
     makes."""
     match = _ALIAS_KEY.fullmatch(key)
     if match is None or not valid_alias_name(match.group(1)):
         raise ValueError(f"not an alias record key: {key!r} "
                          "(expected 'aliases/<alias name>/<at>-<32 hex>.json')")
-    return AliasKey(match.group(1), parse_time(match.group(2)), match.group(3))
+    return AliasRecordName(match.group(1), parse_time(match.group(2)), match.group(3))
 
 
 @dataclass(frozen=True, slots=True)
-class DamagedKey:
+class DamagedName:
     """A blob or manifest set aside: `damaged/<at>-<token>/<its key>`."""
 
     original: str
@@ -199,27 +199,27 @@ class DamagedKey:
     token: str
 
     def __str__(self) -> str:
-        return damaged_key(self.original, self.at, self.token)
+        return damaged_name(self.original, self.at, self.token)
 
 
-def damaged_key(original: str, at: datetime, token: str) -> str:
+def damaged_name(original: str, at: datetime, token: str) -> str:
     """Where the object at *original* (a blob or manifest key) is set aside."""
-    _parse_object_key(original)
+    _parse_object_name(original)
     return f"{DAMAGED}{_stamp(at, token)}/{original}"
 
 
-def parse_damaged_key(key: str) -> DamagedKey:
-    """The object set aside at *key*; ValueError unless *key* is what `damaged_key` makes."""
+def parse_damaged_name(key: str) -> DamagedName:
+    """The object set aside at *key*; ValueError unless *key* is what `damaged_name` makes."""
     match = _DAMAGED_KEY.fullmatch(key)
     if match is None:
         raise ValueError(f"not a damaged key: {key!r} (expected 'damaged/<at>-<32 hex>/<key>')")
-    _parse_object_key(match.group(3))
-    return DamagedKey(match.group(3), parse_time(match.group(1)), match.group(2))
+    _parse_object_name(match.group(3))
+    return DamagedName(match.group(3), parse_time(match.group(1)), match.group(2))
 
 
-def _parse_object_key(key: str) -> Digest:
+def _parse_object_name(key: str) -> Digest:
     """The digest of a blob or manifest *key*; ValueError for anything else."""
-    for parse in (parse_blob_key, parse_manifest_key):
+    for parse in (parse_blob_name, parse_manifest_name):
         try:
             return parse(key)
         except ValueError:

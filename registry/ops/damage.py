@@ -27,18 +27,18 @@ from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.identity.digest import Digest
 from registry.identity.layout import (
     DAMAGED,
-    DamagedKey,
-    blob_key,
-    damaged_key,
-    manifest_key,
-    parse_damaged_key,
+    DamagedName,
+    blob_name,
+    damaged_name,
+    manifest_name,
+    parse_damaged_name,
 )
 from registry.store.base import ObjectInfo, Store
 
 
 def set_aside(store: Store, key: str, *, now: datetime | None = None) -> str | None:
     """Move the blob or manifest at *key* under `damaged/`; its new key, None if absent."""
-    aside = damaged_key(key, now or datetime.now(UTC), uuid.uuid4().hex)
+    aside = damaged_name(key, now or datetime.now(UTC), uuid.uuid4().hex)
     return aside if store.move_object(key, aside) else None
 
 
@@ -78,7 +78,7 @@ def set_aside_damaged_blob(store: Store, digest: Digest,
     """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None."""
     if not blob_is_damaged(store, digest, first):
         return None
-    return set_aside(store, blob_key(digest))
+    return set_aside(store, blob_name(digest))
 
 
 def set_aside_damaged_manifest(store: Store, digest: Digest,
@@ -90,7 +90,7 @@ def set_aside_damaged_manifest(store: Store, digest: Digest,
     except IntegrityError as again:
         if first is not None and first.actual is not None and again.actual != first.actual:
             return None
-        return set_aside(store, manifest_key(digest))
+        return set_aside(store, manifest_name(digest))
     except (NotFoundError, StoreError):
         return None
     return None
@@ -98,7 +98,7 @@ def set_aside_damaged_manifest(store: Store, digest: Digest,
 
 @dataclass(frozen=True, slots=True)
 class Damaged:
-    key: DamagedKey
+    key: DamagedName
     info: ObjectInfo
 
 
@@ -106,6 +106,6 @@ def iter_damaged(store: Store) -> Iterator[Damaged]:
     """Every object set aside under `damaged/` (anything else there is skipped)."""
     for info in store.list_objects(DAMAGED):
         try:
-            yield Damaged(parse_damaged_key(info.key), info)
+            yield Damaged(parse_damaged_name(info.key), info)
         except ValueError:
             continue

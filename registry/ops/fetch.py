@@ -31,7 +31,7 @@ from registry.ops.damage import set_aside_damaged_manifest
 from registry.ops.fetch_files import (
     Fetched,
     Verify,
-    check_target_place,
+    check_dest_place,
     fetch_manifest,
     protected_places,
 )
@@ -152,7 +152,7 @@ def fetch(
     else is said."""
     protect = [("enginectl's home", ctx.config.home)]
     store = lazy_store(ctx)
-    dest = check_target_place(Path(dest), protected_places(store, ctx.cache, protect))
+    dest = check_dest_place(Path(dest), protected_places(store, ctx.cache, protect))
     chosen = choose(ctx, ref, allow_unready=allow_unready)
     fetched = fetch_manifest(store, chosen.manifest, dest, cache=ctx.cache, verify=verify,
                              force=force, progress=progress, protect=protect)

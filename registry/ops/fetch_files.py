@@ -5,7 +5,7 @@ streaming), then are placed into a temporary directory beside the target
 (`registry.staging`), which is renamed into place only when every file checked out;
 `strict` re-hashes every placed file with xxh3-128 and sha256, cache hits included. A
 failure leaves the target as it was. A target is never one of `protected_places`, nor a
-folder above one, nor in a view of the kernel (`check_target_place`).
+folder above one, nor in a view of the kernel (`check_dest_place`).
 
 What to fetch (a ref, its manifest, its status) is decided before, by `registry.ops.fetch`.
 """
@@ -74,8 +74,8 @@ def protected_places(store: Store, cache: BlobCache,
     return places
 
 
-def check_target_place(dest: Path, places: Iterable[tuple[str, Path]], verb: str = "fetch",
-                       inside: Iterable[str] = INSIDE_REFUSED) -> Path:
+def check_dest_place(dest: Path, places: Iterable[tuple[str, Path]], verb: str = "fetch",
+                     inside: Iterable[str] = INSIDE_REFUSED) -> Path:
     """*dest* made absolute with `..` folded away; UsageError when it is, or is above, one of
     *places*, lies inside one of those named in *inside*, or lies in /proc, /sys or /dev.
     *verb* names the command in the message (fetch, pull)."""
@@ -206,7 +206,7 @@ def fetch_manifest(
     transfer at its next chunk and raises StoppedError saying what the cache kept and that
     *named* (the directory the user asked for, when *dest* is staged for it; else *dest*)
     was left as it was."""
-    dest = check_target_place(Path(dest), protected_places(store, cache, protect))
+    dest = check_dest_place(Path(dest), protected_places(store, cache, protect))
     clear_abandoned(dest, "fetch")  # first: it may put back what a killed fetch had set aside
     _check_target(dest, force)
     run = _Run(store, manifest, cache, progress or NoProgress())

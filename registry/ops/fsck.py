@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from registry.errors import IntegrityError, ManifestError, NotFoundError
 from registry.identity.digest import Digest, digest_file
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.ops.damage import blob_is_damaged, set_aside, set_aside_damaged_manifest
 from registry.ops.fetch import load_manifest
 from registry.sql import records
@@ -157,7 +157,7 @@ def _set_aside_if_damaged(ctx: Context, digest: Digest, first: IntegrityError | 
             f"kept blob {digest}: fresh whole reads did not prove its bytes wrong (they hash "
             "right, or the store could not be read); run `enginectl fsck` again")
         return
-    aside = set_aside(ctx.store, blob_key(digest))
+    aside = set_aside(ctx.store, blob_name(digest))
     if aside:
         result.repairs.append(f"moved the damaged blob {digest} to {aside}")
 

@@ -22,7 +22,7 @@ Publishing the same content twice is a no-op; identical files are stored once.
 so tests can run gc between any two of them (`registry.sql.pending` says why nothing it relies on
 can be lost). `run` does them in that order except that it hashes xxh3-128 first, all that
 `begin` and `upload` need, and lets the sha256, which only the manifest needs, run on
-background threads beside the upload (`hash_keys`); `prepare` then waits for it.
+background threads beside the upload (`digest_tree`); `prepare` then waits for it.
 A blob that exists is trusted only at its size; a stored manifest is always compared.
 Publishing content whose artifact is `deleted` brings it back with the status asked for.
 Ctrl-C while uploading raises StoppedError: the blobs already uploaded stay, and a re-run
@@ -82,7 +82,7 @@ def scan_directory(root: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def hash_directory(root: Path, progress: Progress | None = None) -> list[tuple[FileEntry, Path]]:
+def digest_directory(root: Path, progress: Progress | None = None) -> list[tuple[FileEntry, Path]]:
     """xxh3-128 and sha256 of every file, in parallel."""
     files = scan_directory(root)
     progress = progress or NoProgress()
@@ -102,7 +102,7 @@ def hash_directory(root: Path, progress: Progress | None = None) -> list[tuple[F
 
 
 @dataclass(frozen=True)
-class TreeHashes:
+class TreeDigests:
     """A tree's files with their sizes and xxh3-128 (the blob keys: all an upload needs),
     and futures of their full digests (the sha256 is the manifest's), hashed on background
     threads while the blobs upload: sha256 is ~7x the cost of xxh3 (bench/verify_speed.py),
@@ -128,7 +128,7 @@ class TreeHashes:
         return entries
 
 
-def hash_keys(root: Path, progress: Progress | None = None) -> TreeHashes:
+def digest_tree(root: Path, progress: Progress | None = None) -> TreeDigests:
     """xxh3-128 of every file now (in parallel, with progress), sha256 on daemon threads
     that run on while the caller uploads (a Ctrl-C never waits for them)."""
     files = scan_directory(root)
@@ -147,7 +147,7 @@ def hash_keys(root: Path, progress: Progress | None = None) -> TreeHashes:
     later = Workers(WORKERS, name="sha256")
     full = [later.submit(digest_file, path) for _, path, _ in quick]
     later.shutdown(wait=False)  # the queued files are still hashed; nothing waits for it
-    return TreeHashes(quick, full)
+    return TreeDigests(quick, full)
 
 
 LABEL_COLUMNS = (
@@ -223,7 +223,7 @@ class Publication:
         self.status, self.status_reason, self.recipe_digest = status, status_reason, recipe_digest
         self.progress = progress or NoProgress()
         self.hashed = hashed
-        self.tree: TreeHashes | None = None
+        self.tree: TreeDigests | None = None
         self.manifest_fields: dict[str, Any] = {
             "key": key, "toolchain": dict(toolchain or {}), "inputs": inputs, "serve": serve}
         self.stop = threading.Event()
@@ -237,7 +237,7 @@ class Publication:
         """Sizes and xxh3-128 of the files (what `begin` and `upload` need); their sha256
         goes on in the background until `prepare` needs it."""
         if self.hashed is None and self.tree is None:
-            self.tree = hash_keys(self.root, self.progress)
+            self.tree = digest_tree(self.root, self.progress)
             self.sources = self.tree.sources
 
     def prepare(self) -> Manifest:

@@ -42,7 +42,7 @@ class Reindexed:
 @dataclass
 class _Events:
     statuses: list[history.StatusRecord] = field(default_factory=list)
-    smoke: list[smoke_records.SmokeReport] = field(default_factory=list)
+    smoke: list[smoke_records.SmokeRecord] = field(default_factory=list)
 
 
 def _read_records(ctx: Context, result: Reindexed) -> tuple[dict[str, _Events],
@@ -56,7 +56,7 @@ def _read_records(ctx: Context, result: Reindexed) -> tuple[dict[str, _Events],
         except (ValueError, NotFoundError) as exc:
             return f"record {key}: {exc}"
 
-    keys = list(history.iter_keys(ctx.store))
+    keys = list(history.iter_names(ctx.store))
     with Workers(WORKERS, name="reindex") as pool:  # one small GET each: in parallel
         found_records = list(pool.map(read, keys))
     for key, record in zip(keys, found_records, strict=True):

@@ -13,8 +13,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from registry.errors import ConflictError, RecordNotFoundError
-from registry.sql.models import Alias, utcnow
-from registry.sql.models import AliasEvent as AliasEventRow
+from registry.sql.models import Alias, AliasEventRow, utcnow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
 

@@ -13,8 +13,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from registry.sql.models import Recipe, utcnow
-from registry.sql.models import Toolchain as ToolchainRow
+from registry.sql.models import Recipe, ToolchainRow, utcnow
 from registry.sql.rows import insert_for
 
 

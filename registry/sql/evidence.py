@@ -20,9 +20,8 @@ from typing import Any, Final, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from registry.sql.models import Artifact
+from registry.sql.models import Artifact, SmokeReportRow
 from registry.sql.models import ArtifactEvidence as EvidenceRow
-from registry.sql.models import SmokeReport as SmokeReportRow
 
 
 @dataclass(frozen=True, slots=True)

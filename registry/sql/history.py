@@ -34,14 +34,14 @@ from registry.identity.digest import Digest, digest_file
 from registry.identity.layout import (
     ALIASES,
     RECORDS,
-    alias_record_key,
-    parse_alias_record_key,
-    parse_record_key,
-    record_key,
+    alias_record_name,
+    parse_alias_record_name,
+    parse_record_name,
+    record_name,
 )
 from registry.sql import alias_records, records, smoke_records
 from registry.sql.models import ARTIFACT_STATUSES, utcnow
-from registry.sql.smoke_records import SmokeReport
+from registry.sql.smoke_records import SmokeRecord
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -71,32 +71,32 @@ class AliasRecord:
     details: dict[str, Any] | None = None
 
 
-Record = StatusRecord | SmokeReport | AliasRecord
-"""A smoke record is the `SmokeReport` SQL keeps (`registry.sql.smoke_records`); in the store
+Record = StatusRecord | SmokeRecord | AliasRecord
+"""A smoke record is the `SmokeRecord` SQL keeps (`registry.sql.smoke_records`); in the store
 its `digest` is written as "artifact", like a status record's."""
 _TYPES: Final[dict[type, Literal["status", "smoke", "alias"]]] = {
-    StatusRecord: "status", SmokeReport: "smoke", AliasRecord: "alias"}
+    StatusRecord: "status", SmokeRecord: "smoke", AliasRecord: "alias"}
 
 
 def _when(record: Record) -> datetime:
-    return record.created_at if isinstance(record, SmokeReport) else record.at
+    return record.created_at if isinstance(record, SmokeRecord) else record.at
 
 
-def artifact_of(record: StatusRecord | SmokeReport) -> str:
+def artifact_of(record: StatusRecord | SmokeRecord) -> str:
     """The digest of the artifact a status or smoke record is about."""
-    return record.digest if isinstance(record, SmokeReport) else record.artifact
+    return record.digest if isinstance(record, SmokeRecord) else record.artifact
 
 
-def key_of(record: Record, token: str) -> str:
+def name_of(record: Record, token: str) -> str:
     if isinstance(record, AliasRecord):
-        return alias_record_key(record.name, record.at, token)
-    return record_key(Digest.parse(artifact_of(record)), _TYPES[type(record)], _when(record),
-                      token)
+        return alias_record_name(record.name, record.at, token)
+    return record_name(Digest.parse(artifact_of(record)), _TYPES[type(record)], _when(record),
+                       token)
 
 
 def to_bytes(record: Record) -> bytes:
     values = asdict(record)
-    if isinstance(record, SmokeReport):
+    if isinstance(record, SmokeRecord):
         values["artifact"] = values.pop("digest")
     for name in ("at", "created_at"):
         if name in values:
@@ -107,7 +107,7 @@ def to_bytes(record: Record) -> bytes:
 
 def put(store: Store, record: Record) -> str:
     """Write *record* under a new key; the key."""
-    key = key_of(record, uuid.uuid4().hex)
+    key = name_of(record, uuid.uuid4().hex)
     store.put_object(key, to_bytes(record))
     return key
 
@@ -128,7 +128,7 @@ def parse(key: str, data: bytes) -> Record:
 
 
 def _parse_alias(key: str, value: dict[str, Any]) -> AliasRecord:
-    where = parse_alias_record_key(key)
+    where = parse_alias_record_name(key)
     record = AliasRecord(
         name=_text(value, "name"), digest=_digest(value, "digest", optional=True),
         previous_digest=_digest(value, "previous_digest", optional=True),
@@ -139,11 +139,11 @@ def _parse_alias(key: str, value: dict[str, Any]) -> AliasRecord:
     return record
 
 
-def _parse_event(key: str, value: dict[str, Any]) -> StatusRecord | SmokeReport:
-    found = parse_record_key(key)
+def _parse_event(key: str, value: dict[str, Any]) -> StatusRecord | SmokeRecord:
+    found = parse_record_name(key)
     if value.get("type") != found.kind or value.get("artifact") != str(found.artifact):
         raise ValueError("its type or artifact differs from its key")
-    record: StatusRecord | SmokeReport
+    record: StatusRecord | SmokeRecord
     if found.kind == "status":
         status = _text(value, "status")
         if status not in ARTIFACT_STATUSES:
@@ -155,7 +155,7 @@ def _parse_event(key: str, value: dict[str, Any]) -> StatusRecord | SmokeReport:
         passed = value.get("passed")
         if not isinstance(passed, bool):
             raise ValueError("'passed' is not true or false")
-        record = SmokeReport(
+        record = SmokeRecord(
             str(found.artifact), passed, _dict(value, "report"), _time(value, "created_at"),
             _optional_text(value, "gpu"), _optional_dict(value, "toolchain"),
             _optional_text(value, "key"))
@@ -199,7 +199,7 @@ def _time(value: dict[str, Any], name: str) -> datetime:
     return at
 
 
-def iter_keys(store: Store) -> Iterator[str]:
+def iter_names(store: Store) -> Iterator[str]:
     """Every object under `records/` and `aliases/` (callers parse each one strictly)."""
     for prefix in (RECORDS, ALIASES):
         for info in store.list_objects(prefix):
@@ -232,7 +232,7 @@ def add_smoke_report(store: Store, session: Session, digest: str, passed: bool,
     at = utcnow()
     smoke_records.add_smoke_report(session, digest, passed, report, gpu=gpu, toolchain=toolchain,
                                    key=key, created_at=at)
-    put(store, SmokeReport(digest, passed, report, at, gpu, toolchain, key))
+    put(store, SmokeRecord(digest, passed, report, at, gpu, toolchain, key))
 
 
 def set_alias(store: Store, session: Session, name: str, digest: str,

@@ -28,7 +28,7 @@ from typing import Any, Final, Literal
 from sqlalchemy import ColumnElement, func, literal, or_, select, type_coerce, update
 from sqlalchemy.orm import Session
 
-from registry.sql.models import StageRun, UTCDateTime
+from registry.sql.models import StageRunRow, UTCDateTime
 from registry.sql.rows import insert_for
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
@@ -94,16 +94,16 @@ def try_acquire_lease(
         "lease_expires_at": _db_time(session, now, ttl_s),
         "artifact_digest": None, "log_location": None, "error": None, "node_id": node_id,
     }
-    stmt = insert_for(session, StageRun).values(values)
+    stmt = insert_for(session, StageRunRow).values(values)
     stmt = stmt.on_conflict_do_update(
         index_elements=["key"],
         set_={name: value for name, value in values.items() if name != "key"},
         where=or_(
-            StageRun.status != "running", StageRun.lease_expires_at <= _db_time(session, now),
-            StageRun.owner == owner,
+            StageRunRow.status != "running", StageRunRow.lease_expires_at <= _db_time(session, now),
+            StageRunRow.owner == owner,
         ),
     )
-    if session.execute(stmt.returning(StageRun.key)).first() is not None:
+    if session.execute(stmt.returning(StageRunRow.key)).first() is not None:
         return True
     held = get_stage_run(session, key)
     if held is None or held.status != "running" or held.host != host or held.pid == pid:
@@ -112,11 +112,11 @@ def try_acquire_lease(
     if not holder_gone(held.pid, age):
         return False
     taken = session.execute(  # conditioned on the same holder: one racer wins
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == held.owner, StageRun.pid == held.pid,
-               StageRun.status == "running")
+        update(StageRunRow)
+        .where(StageRunRow.key == key, StageRunRow.owner == held.owner, StageRunRow.pid == held.pid,
+               StageRunRow.status == "running")
         .values({name: value for name, value in values.items() if name != "key"})
-        .returning(StageRun.key)
+        .returning(StageRunRow.key)
     )
     return taken.first() is not None
 
@@ -151,10 +151,10 @@ def renew_lease(
     """Extend *owner*'s running lease on *key* to the database's now + *ttl_s*; False when
     it is no longer theirs."""
     result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner, StageRun.status == "running")
+        update(StageRunRow)
+        .where(StageRunRow.key == key, StageRunRow.owner == owner, StageRunRow.status == "running")
         .values(lease_expires_at=_db_time(session, now, ttl_s))
-        .returning(StageRun.key)
+        .returning(StageRunRow.key)
     )
     return result.first() is not None
 
@@ -168,14 +168,14 @@ def release_lease(
     """Finish *owner*'s run of *key* with its outcome; False (nothing written) when the
     lease was taken over by someone else meanwhile."""
     result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner, StageRun.status == "running")
+        update(StageRunRow)
+        .where(StageRunRow.key == key, StageRunRow.owner == owner, StageRunRow.status == "running")
         .values(
             status=status, finished_at=_db_time(session, now),
             lease_expires_at=_db_time(session, now),
             artifact_digest=artifact_digest, error=error, log_location=log_location,
         )
-        .returning(StageRun.key)
+        .returning(StageRunRow.key)
     )
     return result.first() is not None
 
@@ -187,18 +187,18 @@ def cancel_run(
     its lease is released, or a failure its worker recorded while being stopped is
     corrected. False (nothing written) when the run succeeded or belongs to someone else."""
     result = session.execute(
-        update(StageRun)
-        .where(StageRun.key == key, StageRun.owner == owner,
-               StageRun.status.in_(("running", "failed")))
+        update(StageRunRow)
+        .where(StageRunRow.key == key, StageRunRow.owner == owner,
+               StageRunRow.status.in_(("running", "failed")))
         .values(status="cancelled", finished_at=_db_time(session, now),
                 lease_expires_at=_db_time(session, now), error=reason)
-        .returning(StageRun.key)
+        .returning(StageRunRow.key)
     )
     return result.first() is not None
 
 
 def get_stage_run(session: Session, key: str) -> StageRunRecord | None:
-    row = session.execute(select(StageRun.__table__).where(StageRun.key == key)).first()
+    row = session.execute(select(StageRunRow.__table__).where(StageRunRow.key == key)).first()
     return None if row is None else StageRunRecord(**row._asdict())
 
 
@@ -206,7 +206,7 @@ def get_stage_runs(session: Session, keys: set[str]) -> dict[str, StageRunRecord
     """The stage runs of *keys* that exist, in one query."""
     if not keys:
         return {}
-    query = select(StageRun.__table__).where(StageRun.key.in_(sorted(keys)))
+    query = select(StageRunRow.__table__).where(StageRunRow.key.in_(sorted(keys)))
     return {row.key: StageRunRecord(**row._asdict()) for row in session.execute(query)}
 
 
@@ -221,8 +221,8 @@ def nightly_holder(session: Session, now: datetime | None = None) -> StageRunRec
     """Who holds the nightly lease now, by the database's clock (None when no nightly
     runs)."""
     row = session.execute(
-        select(StageRun.__table__).where(
-            StageRun.key == NIGHTLY_KEY, StageRun.status == "running",
-            StageRun.lease_expires_at > _db_time(session, now))
+        select(StageRunRow.__table__).where(
+            StageRunRow.key == NIGHTLY_KEY, StageRunRow.status == "running",
+            StageRunRow.lease_expires_at > _db_time(session, now))
     ).first()
     return None if row is None else StageRunRecord(**row._asdict())

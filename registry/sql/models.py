@@ -138,7 +138,7 @@ class ArtifactFile(Base):
     sha256: Mapped[str] = mapped_column(String(80))
 
 
-class StageRun(Base):
+class StageRunRow(Base):
     """One row per stage key: the lease a builder holds while it runs, then the outcome."""
 
     __tablename__ = "stage_runs"
@@ -159,7 +159,7 @@ class StageRun(Base):
     """The Ray node that ran it (None on the local executor); `host` is its hostname."""
 
 
-class SmokeReport(Base):
+class SmokeReportRow(Base):
     __tablename__ = "smoke_reports"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -199,7 +199,7 @@ class Alias(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
 
 
-class AliasEvent(Base):
+class AliasEventRow(Base):
     """Every move of an alias, kept forever; `digest` is NULL when the alias was removed."""
 
     __tablename__ = "alias_events"
@@ -214,7 +214,7 @@ class AliasEvent(Base):
     """What a promotion compared (old and new throughput per concurrency level), if any."""
 
 
-class Toolchain(Base):
+class ToolchainRow(Base):
     """A toolchain fingerprint probed on one GPU pool at one time."""
 
     __tablename__ = "toolchains"

@@ -14,8 +14,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from registry.sql.build_inputs import ToolchainProbe
-from registry.sql.models import NightlyRun, utcnow
-from registry.sql.models import Toolchain as ToolchainRow
+from registry.sql.models import NightlyRun, ToolchainRow, utcnow
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,10 @@ from registry.sql.models import (
     Alias,
     Artifact,
     ArtifactFile,
-    StageRun,
+    SmokeReportRow,
+    StageRunRow,
     utcnow,
 )
-from registry.sql.models import SmokeReport as SmokeReportRow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
 
@@ -267,7 +267,7 @@ def history_blobs(session: Session) -> set[str]:
     """Blobs that history references: every stage run's log (`stage_runs.log_location`)
     and every smoke report's log (its report's `log`, a file digest): gc keeps them."""
     found = {location for location in session.scalars(
-        select(StageRun.log_location).where(StageRun.log_location.is_not(None)))
+        select(StageRunRow.log_location).where(StageRunRow.log_location.is_not(None)))
         if location and location.startswith("xxh3-128:")}
     for report in session.scalars(select(SmokeReportRow.report)):
         log = report.get("log") if isinstance(report, dict) else None

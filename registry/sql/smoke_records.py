@@ -12,15 +12,14 @@ from typing import Any, cast
 from sqlalchemy import Table, case, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from registry.sql.models import Artifact, utcnow
+from registry.sql.models import Artifact, SmokeReportRow, utcnow
 from registry.sql.models import ArtifactEvidence as EvidenceRow
-from registry.sql.models import SmokeReport as SmokeReportRow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
 
 
 @dataclass(frozen=True, slots=True)
-class SmokeReport:
+class SmokeRecord:
     digest: str
     passed: bool
     report: dict[str, Any]
@@ -89,7 +88,7 @@ def _raise_evidence(
     session.execute(stmt)
 
 
-def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
+def smoke_reports(session: Session, digest: str) -> list[SmokeRecord]:
     """Smoke reports of *digest*, oldest first, each with where it ran."""
     query = (
         select(SmokeReportRow.passed, SmokeReportRow.report, SmokeReportRow.created_at,
@@ -97,4 +96,4 @@ def smoke_reports(session: Session, digest: str) -> list[SmokeReport]:
         .where(SmokeReportRow.artifact_id == row_id(session, digest)[0])
         .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
     )
-    return [SmokeReport(digest, *row) for row in session.execute(query)]
+    return [SmokeRecord(digest, *row) for row in session.execute(query)]

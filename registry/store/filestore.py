@@ -27,10 +27,10 @@ from registry.identity.digest import Digest, release_mapped, sha256_of, update_m
 from registry.identity.layout import (
     BLOBS,
     MANIFESTS,
-    blob_key,
-    manifest_key,
-    parse_blob_key,
-    parse_manifest_key,
+    blob_name,
+    manifest_name,
+    parse_blob_name,
+    parse_manifest_name,
 )
 from registry.store.base import (
     BlobInfo,
@@ -177,11 +177,11 @@ class FileStore:
     # blobs
 
     def has_blob(self, digest: Digest) -> bool:
-        return self._path(blob_key(digest)).is_file()
+        return self._path(blob_name(digest)).is_file()
 
     def _blob_size(self, digest: Digest) -> int | None:
         try:
-            info = self._path(blob_key(digest)).lstat()
+            info = self._path(blob_name(digest)).lstat()
         except (FileNotFoundError, NotADirectoryError):
             return None
         return info.st_size if stat.S_ISREG(info.st_mode) else None
@@ -194,7 +194,7 @@ class FileStore:
 
     def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
                  stop: threading.Event | None = None) -> None:
-        key = blob_key(digest)
+        key = blob_name(digest)
         final = self._path(key)
         with self._os_errors("put_blob", key):
             if self._blob_size(digest) == source.stat().st_size:
@@ -213,7 +213,7 @@ class FileStore:
         progress: Progress | None = None,
         stop: threading.Event | None = None,
     ) -> None:
-        key = blob_key(digest)
+        key = blob_name(digest)
         path = self._path(key)
 
         def write() -> Digest:
@@ -234,7 +234,7 @@ class FileStore:
     def iter_blobs(self) -> Iterator[BlobInfo]:
         for key, entry in self._scan(BLOBS, depth=2):
             try:
-                digest = parse_blob_key(key)
+                digest = parse_blob_name(key)
                 info = entry.stat(follow_symlinks=False)
             except (ValueError, FileNotFoundError):
                 continue
@@ -256,22 +256,22 @@ class FileStore:
         """The blob a temp file `.<name>.<hex>.tmp` was to become; None if not a blob's."""
         try:
             final = temp.with_name(temp.name[1:].rsplit(".", 2)[0])
-            return parse_blob_key(final.relative_to(self.root).as_posix())
+            return parse_blob_name(final.relative_to(self.root).as_posix())
         except ValueError:
             return None
 
     def delete_blob(self, digest: Digest) -> None:
-        key = blob_key(digest)
+        key = blob_name(digest)
         with self._os_errors("delete_blob", key):
             self._path(key).unlink(missing_ok=True)
 
     # manifests
 
     def has_manifest(self, digest: Digest) -> bool:
-        return self._path(manifest_key(digest)).is_file()
+        return self._path(manifest_name(digest)).is_file()
 
     def put_manifest(self, digest: Digest, data: bytes) -> None:
-        key = manifest_key(digest)
+        key = manifest_name(digest)
         final = self._path(key)
         actual = sha256_of(data)
         if actual != digest:
@@ -286,7 +286,7 @@ class FileStore:
                 handle.write(data)
 
     def get_manifest(self, digest: Digest) -> bytes:
-        key = manifest_key(digest)
+        key = manifest_name(digest)
         path = self._path(key)
         with self._os_errors("get_manifest", key):
             try:
@@ -301,12 +301,12 @@ class FileStore:
     def iter_manifests(self) -> Iterator[Digest]:
         for key, _entry in self._scan(MANIFESTS, depth=1):
             try:
-                yield parse_manifest_key(key)
+                yield parse_manifest_name(key)
             except ValueError:
                 continue
 
     def delete_manifest(self, digest: Digest) -> None:
-        key = manifest_key(digest)
+        key = manifest_name(digest)
         with self._os_errors("delete_manifest", key):
             self._path(key).unlink(missing_ok=True)
 

@@ -39,11 +39,11 @@ from registry.identity.digest import Digest, sha256_of, update_mapped
 from registry.identity.layout import (
     BLOBS,
     MANIFESTS,
-    blob_key,
+    blob_name,
     blob_shard,
-    manifest_key,
-    parse_blob_key,
-    parse_manifest_key,
+    manifest_name,
+    parse_blob_name,
+    parse_manifest_name,
     s3_url,
 )
 from registry.store.base import BlobInfo, InFlight, ObjectInfo, Progress, sizes_of, write_verified
@@ -139,7 +139,7 @@ class S3Store:
         """The blob under the bucket's *key*; None when it is not one of this store's."""
         strip = len(self._key(""))
         try:
-            return parse_blob_key(key[strip:]) if key.startswith(self._key("")) else None
+            return parse_blob_name(key[strip:]) if key.startswith(self._key("")) else None
         except ValueError:
             return None
 
@@ -152,7 +152,7 @@ class S3Store:
     # blobs
 
     def has_blob(self, digest: Digest) -> bool:
-        return self.bucket.exists(self._key(blob_key(digest)), "has_blob")
+        return self.bucket.exists(self._key(blob_name(digest)), "has_blob")
 
     def missing_blobs(self, digests: Iterable[Digest] | Mapping[Digest, int]) -> set[Digest]:
         wanted = sizes_of(digests)
@@ -176,10 +176,10 @@ class S3Store:
     def _present(self, digests: list[Digest]) -> dict[Digest, int]:
         """Which of *digests* (all in one shard) the store holds, with their sizes."""
         if len(digests) <= HEAD_AT_MOST:
-            sizes = {digest: self.bucket.size(self._key(blob_key(digest)), "has_blob")
+            sizes = {digest: self.bucket.size(self._key(blob_name(digest)), "has_blob")
                      for digest in digests}
             return {digest: size for digest, size in sizes.items() if size is not None}
-        wanted = {self._key(blob_key(digest)): digest for digest in digests}
+        wanted = {self._key(blob_name(digest)): digest for digest in digests}
         first, last = min(wanted), max(wanted)
         present: dict[Digest, int] = {}
         prefix = self._key(blob_shard(digests[0]))
@@ -192,7 +192,7 @@ class S3Store:
 
     def put_blob(self, digest: Digest, source: Path, *, progress: Progress | None = None,
                  stop: threading.Event | None = None) -> None:
-        key = self._key(blob_key(digest))
+        key = self._key(blob_name(digest))
         try:
             size = source.stat().st_size
         except OSError as exc:
@@ -239,7 +239,7 @@ class S3Store:
         progress: Progress | None = None,
         stop: threading.Event | None = None,
     ) -> None:
-        key = self._key(blob_key(digest))
+        key = self._key(blob_name(digest))
 
         def write() -> Digest:
             fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -316,22 +316,22 @@ class S3Store:
         strip = len(self._key(""))
         for entry in self.bucket.list(self._key(BLOBS)):
             try:
-                digest = parse_blob_key(entry["Key"][strip:])
+                digest = parse_blob_name(entry["Key"][strip:])
             except ValueError:
                 continue
             modified = entry["LastModified"].astimezone(UTC)
             yield BlobInfo(digest=digest, size=entry["Size"], modified=modified)
 
     def delete_blob(self, digest: Digest) -> None:
-        self.bucket.delete(self._key(blob_key(digest)))
+        self.bucket.delete(self._key(blob_name(digest)))
 
     # manifests
 
     def has_manifest(self, digest: Digest) -> bool:
-        return self.bucket.exists(self._key(manifest_key(digest)), "has_manifest")
+        return self.bucket.exists(self._key(manifest_name(digest)), "has_manifest")
 
     def put_manifest(self, digest: Digest, data: bytes) -> None:
-        key = self._key(manifest_key(digest))
+        key = self._key(manifest_name(digest))
         actual = sha256_of(data)
         if actual != digest:
             where = f"manifest data for {self.where(key)}"
@@ -344,7 +344,7 @@ class S3Store:
         self.bucket.put(key, data, sha256_b64=base64.b64encode(bytes.fromhex(digest.hex)).decode())
 
     def get_manifest(self, digest: Digest) -> bytes:
-        key, what = self._key(manifest_key(digest)), f"manifest {digest}"
+        key, what = self._key(manifest_name(digest)), f"manifest {digest}"
         try:
             data = self._reader.read_all(key, what)
         except NotFoundError:  # boto3 says whether the key or the whole bucket is missing
@@ -358,12 +358,12 @@ class S3Store:
         strip = len(self._key(""))
         for entry in self.bucket.list(self._key(MANIFESTS)):
             try:
-                yield parse_manifest_key(entry["Key"][strip:])
+                yield parse_manifest_name(entry["Key"][strip:])
             except ValueError:
                 continue
 
     def delete_manifest(self, digest: Digest) -> None:
-        self.bucket.delete(self._key(manifest_key(digest)))
+        self.bucket.delete(self._key(manifest_name(digest)))
 
     # small objects (records) and objects set aside
 

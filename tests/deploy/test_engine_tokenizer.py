@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from pipeline.deploy.dest import SERVE_FILE
 from pipeline.deploy.pull import pull
-from pipeline.deploy.target import SERVE_FILE
 from pipeline.serving.smoke import free_port
 from registry.context import Context
 from tests.deploy import artifacts

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from pipeline.deploy.dest import SERVE_FILE
 from pipeline.deploy.guard import MARKER
 from pipeline.deploy.pull import select
 from pipeline.deploy.runtime import find_runtime
 from pipeline.deploy.serve import prepare, serving_dir
-from pipeline.deploy.target import SERVE_FILE
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.errors import ManifestError

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.deploy.dest import SERVE_FILE
 from pipeline.deploy.guard import MARKER
-from pipeline.deploy.target import SERVE_FILE
 from registry.identity.digest import digest_file
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from tests.deploy.user_cli import ENGINECTL, SERVER
 
 
@@ -38,7 +38,7 @@ def _killed_then_again(tmp_path: Path, command: str, *, again: str) -> str:
     volume = tmp_path / "volume"
     volume.mkdir()
     weights = tmp_path / "engine-A" / "rank0.engine"
-    blob = tmp_path / "home" / "store" / blob_key(digest_file(weights).xxh3)
+    blob = tmp_path / "home" / "store" / blob_name(digest_file(weights).xxh3)
     v, b = shlex.quote(str(volume)), shlex.quote(str(blob))
     run = f"unshare --pid --fork {command.format(volume=v)}"
     return f"""

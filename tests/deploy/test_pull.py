@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.deploy.dest import SERVE_FILE
 from pipeline.deploy.guard import MARKER
 from pipeline.deploy.pull import pull
-from pipeline.deploy.target import SERVE_FILE
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig
 from registry.context import Context
@@ -29,7 +29,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.identity.digest import Digest
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.ops.fetch import fetch, load_manifest
 from tests.deploy import artifacts
 from tests.helpers import stderr_of
@@ -200,7 +200,7 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
     data = bytearray(copy.read_bytes())
     data[len(data) // 2] ^= 0xFF
     if ctx.store.url.startswith("file://"):
-        path = Path(ctx.store.url.removeprefix("file://")) / blob_key(digest)
+        path = Path(ctx.store.url.removeprefix("file://")) / blob_name(digest)
         path.chmod(0o644)
         path.write_bytes(bytes(data))
     else:
@@ -208,7 +208,7 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
 
         bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
         client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_key(digest)}", Body=bytes(data))
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_name(digest)}", Body=bytes(data))
 
 
 def test_a_damaged_checkpoint_blob_fails_the_pull_and_leaves_the_directory_as_it_was(

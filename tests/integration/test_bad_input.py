@@ -171,7 +171,7 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
     as it was and a message saying what the cache kept; a re-run then fetches it all."""
     from registry.config import RegistryConfig
     from registry.context import Context
-    from registry.identity.layout import blob_key
+    from registry.identity.layout import blob_name
     from registry.ops.adopt import ImportSpec, import_artifact
     from tests.integration.faulty_proxy import Fault, FaultyProxy
 
@@ -189,7 +189,7 @@ def test_ctrl_c_stops_a_fetch_at_once_and_a_rerun_resumes(
     big = next(f for f in published.manifest.files if f.path == "rank0.engine")
 
     def plan(_n: int, method: str, path: str, _range: str | None) -> Fault:
-        held = urlsplit(path).path.endswith(blob_key(big.xxh3))  # a presigned GET has a query
+        held = urlsplit(path).path.endswith(blob_name(big.xxh3))  # a presigned GET has a query
         return "hold" if method == "GET" and held else "pass"
 
     env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
@@ -230,7 +230,7 @@ def test_ctrl_c_stops_an_s3_import_at_once_and_a_rerun_uploads_the_rest(
     130) while the upload is held, nothing is registered, the message says how many blobs
     are in the store, and a re-run uploads only what is missing."""
     from registry.identity.digest import digest_file
-    from registry.identity.layout import blob_key
+    from registry.identity.layout import blob_name
     from tests.integration.faulty_proxy import Fault, FaultyProxy
 
     engine = make_engine(tmp_path / "engine")
@@ -238,7 +238,7 @@ def test_ctrl_c_stops_an_s3_import_at_once_and_a_rerun_uploads_the_rest(
     big = digest_file(engine / "rank0.engine", with_sha256=False).xxh3
 
     def plan(_n: int, method: str, path: str, _range: str | None) -> Fault:
-        return "hold" if method == "PUT" and blob_key(big) in path else "pass"
+        return "hold" if method == "PUT" and blob_name(big) in path else "pass"
 
     env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
            "ENGINECTL_STORE_URL": f"s3://{s3_bucket}/ctrl-c",

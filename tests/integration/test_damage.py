@@ -18,7 +18,7 @@ import pytest
 
 from registry.context import Context
 from registry.identity.digest import Digest
-from registry.identity.layout import blob_key, manifest_key
+from registry.identity.layout import blob_name, manifest_name
 from registry.ops.adopt import ImportSpec, import_artifact
 from tests.helpers import stderr_of
 from tests.integration.engines import make_engine, overwrite
@@ -91,7 +91,7 @@ def test_a_flipped_byte_is_set_aside_by_fetch_and_healed_by_a_new_import(
     source = make_engine(tmp_path / "engine")
     published = import_artifact(ctx, source, SPEC)
     rank1 = _rank1(published.manifest.files)
-    key = blob_key(rank1.xxh3)  # type: ignore[attr-defined]
+    key = blob_name(rank1.xxh3)  # type: ignore[attr-defined]
     data = bytearray(_read(ctx, key, tmp_path))
     data[len(data) // 2] ^= 0x01
     overwrite(ctx, key, bytes(data))
@@ -116,7 +116,7 @@ def test_fsck_repair_sets_damage_aside_and_says_so(
 ) -> None:
     source = make_engine(tmp_path / "engine")
     published = import_artifact(ctx, source, SPEC)
-    key = blob_key(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
+    key = blob_name(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
     data = bytearray(_read(ctx, key, tmp_path))
     data[7] ^= 0x80
     overwrite(ctx, key, bytes(data))
@@ -140,7 +140,7 @@ def test_fsck_repair_restores_a_damaged_blob_from_the_fetch_cache(
 ) -> None:
     published = import_artifact(ctx, make_engine(tmp_path / "engine"), SPEC)
     run(env, "fetch", published.digest, "-o", str(tmp_path / "out"))  # the cache has it now
-    key = blob_key(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
+    key = blob_name(_rank1(published.manifest.files).xxh3)  # type: ignore[attr-defined]
     overwrite(ctx, key, b"truncated")
     repaired = run(env, "fsck", "--repair")
     assert "restored blob" in repaired.stdout
@@ -154,7 +154,7 @@ def test_a_truncated_blob_is_replaced_by_the_next_import(
     source = make_engine(tmp_path / "engine")
     published = import_artifact(ctx, source, SPEC)
     rank1 = _rank1(published.manifest.files)
-    key = blob_key(rank1.xxh3)  # type: ignore[attr-defined]
+    key = blob_name(rank1.xxh3)  # type: ignore[attr-defined]
     overwrite(ctx, key, _read(ctx, key, tmp_path)[:1000])
     assert "wrong size" in run(env, "fsck", "--no-verify", code=4).stdout
     again = json.loads(run(env, "import", str(source), "--kind", "trtllm-engine", "--model",
@@ -168,7 +168,7 @@ def test_an_edited_manifest_is_replaced_by_the_next_import_and_set_aside_by_fetc
 ) -> None:
     source = make_engine(tmp_path / "engine")
     published = import_artifact(ctx, source, SPEC)
-    key = manifest_key(Digest.parse(published.digest))
+    key = manifest_name(Digest.parse(published.digest))
     honest = ctx.store.get_manifest(Digest.parse(published.digest))
     overwrite(ctx, key, honest.replace(b'"model":"m"', b'"model":"x"'))
     run(env, "fsck", code=4)

@@ -19,7 +19,7 @@ import pytest
 
 from registry.config import RegistryConfig
 from registry.context import Context
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.ops.adopt import import_artifact
 from registry.ops.damage import iter_damaged
 from tests.integration.engines import engine_spec, make_engine, overwrite
@@ -98,7 +98,7 @@ def test_fsck_repair_still_sets_aside_a_truncated_blob_beside_a_good_one_listed_
     published = import_artifact(direct, make_engine(tmp_path / "engine"), engine_spec())
     rank0, rank1 = (next(f for f in published.manifest.files if f.path == name)
                     for name in ("rank0.engine", "rank1.engine"))
-    overwrite(direct, blob_key(rank0.xxh3), (tmp_path / "engine" / "rank0.engine")
+    overwrite(direct, blob_name(rank0.xxh3), (tmp_path / "engine" / "rank0.engine")
                .read_bytes()[:1000])
     headed: set[str] = set()
 
@@ -116,5 +116,5 @@ def test_fsck_repair_still_sets_aside_a_truncated_blob_beside_a_good_one_listed_
     assert str(rank0.xxh3) in moved[0]
     assert not direct.store.has_blob(rank0.xxh3)
     assert direct.store.has_blob(rank1.xxh3)
-    assert [d.key.original for d in iter_damaged(direct.store)] == [blob_key(rank0.xxh3)]
+    assert [d.key.original for d in iter_damaged(direct.store)] == [blob_name(rank0.xxh3)]
     direct.close()

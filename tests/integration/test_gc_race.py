@@ -25,7 +25,7 @@ from registry.logs import release_lease
 from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import Collected, Collector, gc
-from registry.ops.publish import Publication, hash_directory
+from registry.ops.publish import Publication, digest_directory
 from registry.sql import history, leases, records
 from registry.sql.db import open_registry
 from tests.integration.db_fixtures import postgres_schema
@@ -38,7 +38,7 @@ NOW = timedelta(0)  # a grace of 0 s: every unreferenced blob is old enough to g
 def _leave_blobs_of(ctx: Context, source: Path) -> set[Digest]:
     """What an import killed before its manifest leaves: every blob, no manifest."""
     left = set()
-    for entry, path in hash_directory(source):
+    for entry, path in digest_directory(source):
         ctx.store.put_blob(entry.xxh3, path)
         left.add(entry.xxh3)
     return left

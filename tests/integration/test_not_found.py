@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.cli.base import EXIT_CODES
 from registry.identity.digest import Digest
-from registry.identity.layout import manifest_key
+from registry.identity.layout import manifest_name
 from tests.helpers import ROOT
 from tests.integration.engines import make_engine
 from tests.integration.s3server import CREDENTIALS, S3Server
@@ -128,7 +128,7 @@ def test_a_store_fault_on_an_unlisted_digest_is_still_exit_4(
     store = Path(home["ENGINECTL_HOME"]) / "store"
     for verb in ("fetch", "pull"):
         digest = unstored()
-        damaged = store / manifest_key(Digest.parse(digest))
+        damaged = store / manifest_name(Digest.parse(digest))
         damaged.write_bytes(b'{"kind": "not this one"}')
         line = run(home, verb, digest, "-o", home["OUT"], code=4)
         assert "integrity check failed" in line
@@ -139,7 +139,7 @@ def test_a_store_fault_on_an_unlisted_digest_is_still_exit_4(
     listed = json.loads(run(env, "import", str(make_engine(root / "engine", tp=1)), "--kind",
                             "trtllm-engine", "--model", "llama", "--gpu", "h100", "--ready",
                             "--json", code=0))["digest"]
-    (root / "home" / "store" / manifest_key(Digest.parse(listed))).unlink()
+    (root / "home" / "store" / manifest_name(Digest.parse(listed))).unlink()
     shutil.rmtree(root / "c", ignore_errors=True)  # no copy of the manifest in a cache
     for verb in ("fetch", "pull"):
         line = run(env, verb, listed, "-o", home["OUT"], code=4)
@@ -157,7 +157,7 @@ def test_a_digest_the_s3_store_lacks_is_exit_6_and_a_missing_bucket_exit_4(
     for verb in ("fetch", "pull"):
         line = run(env, verb, digest, "-o", home["OUT"], code=6)
         assert f"the store s3://{s3_bucket}/prefix has no manifest of it either" in line
-    key = f"prefix/{manifest_key(Digest.parse(digest))}"
+    key = f"prefix/{manifest_name(Digest.parse(digest))}"
     s3_server.client.put_object(Bucket=s3_bucket, Key=key, Body=b"damaged")
     for verb in ("fetch", "pull"):
         assert "integrity check failed" in run(env, verb, digest, "-o", home["OUT"], code=4)

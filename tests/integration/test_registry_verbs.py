@@ -26,7 +26,7 @@ from registry.errors import (
 )
 from registry.gpus import lookup_gpu
 from registry.identity.digest import Digest, digest_file
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.adopt import ImportSpec, import_artifact
 from registry.ops.fetch import fetch
@@ -76,7 +76,7 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
     data = bytearray(copy.read_bytes())
     data[len(data) // 2] ^= 0xFF
     if ctx.store.url.startswith("file://"):
-        path = Path(ctx.store.url.removeprefix("file://")) / blob_key(digest)
+        path = Path(ctx.store.url.removeprefix("file://")) / blob_name(digest)
         path.chmod(0o644)
         path.write_bytes(bytes(data))
     else:
@@ -84,7 +84,7 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
 
         bucket, _, prefix = ctx.store.url.removeprefix("s3://").partition("/")
         client = boto3.client("s3", endpoint_url=ctx.config.s3_endpoint_url)
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_key(digest)}", Body=bytes(data))
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{blob_name(digest)}", Body=bytes(data))
 
 
 def _local_context(tmp_path: Path) -> Context:

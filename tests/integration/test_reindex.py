@@ -96,11 +96,11 @@ def test_reindex_restores_statuses_evidence_and_aliases(
 def test_reindex_skips_a_bad_manifest_or_record_and_reports_each(
     ctx: Context, tmp_path: Path
 ) -> None:
-    from registry.identity.layout import manifest_key
+    from registry.identity.layout import manifest_name
 
     good = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
     broken = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
-    overwrite(ctx, manifest_key(Digest.parse(broken.digest)), b'{"edited": true}')
+    overwrite(ctx, manifest_name(Digest.parse(broken.digest)), b'{"edited": true}')
     token = "0" * 32
     junk = f"records/sha256/{good.digest[7:]}/status/20261201T000000000000Z-{token}.json"
     ctx.store.put_object(junk, b"not json")

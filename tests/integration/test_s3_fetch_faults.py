@@ -16,7 +16,7 @@ import pytest
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.errors import IntegrityError
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.ops.adopt import import_artifact
 from registry.ops.damage import iter_damaged
 from registry.ops.fetch import fetch
@@ -43,7 +43,7 @@ def _publish(tmp_path: Path, s3_server: S3Server, store_url: str) -> tuple[Path,
     published = import_artifact(context, engine, engine_spec())
     context.close()
     big = next(f for f in published.manifest.files if f.path == "rank1.engine")
-    return engine, published.digest, blob_key(big.xxh3)
+    return engine, published.digest, blob_name(big.xxh3)
 
 
 @pytest.mark.parametrize("splice", ["1", "0"])

@@ -15,7 +15,7 @@ import pytest
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.identity.digest import digest_file
-from registry.identity.layout import blob_key
+from registry.identity.layout import blob_name
 from registry.ops.adopt import import_artifact
 from registry.ops.fetch import fetch
 from registry.store.s3sendfile import crc32_of
@@ -32,7 +32,7 @@ BIG = 3 * PART + 12345  # four parts, the last a short one
 def _engine(tmp_path: Path) -> tuple[Path, str]:
     engine = make_engine(tmp_path / "engine")
     (engine / "rank1.engine").write_bytes(os.urandom(BIG))
-    return engine, blob_key(digest_file(engine / "rank1.engine", with_sha256=False).xxh3)
+    return engine, blob_name(digest_file(engine / "rank1.engine", with_sha256=False).xxh3)
 
 
 def _import(tmp_path: Path, s3_bucket: str, endpoint: str, engine: Path, name: str) -> str:

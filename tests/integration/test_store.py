@@ -12,7 +12,7 @@ import pytest
 
 from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.identity.digest import Digest, digest_file, sha256_of
-from registry.identity.layout import blob_key, manifest_key
+from registry.identity.layout import blob_name, manifest_name
 from registry.store.base import Store
 from registry.store.filestore import FileStore
 from registry.store.opener import open_store
@@ -95,8 +95,8 @@ def test_missing_blobs(store: Store, tmp_path: Path, raw: RawObjects) -> None:
     # Many wanted digests in one shard take the LIST path; a few take HEADs.
     crowded = [fake_digest("ab", n) for n in range(12)]
     for digest in crowded[::2]:
-        raw.write(blob_key(digest), b"x")
-    raw.write(f"{blob_key(crowded[1])}.tmp", b"not a blob")
+        raw.write(blob_name(digest), b"x")
+    raw.write(f"{blob_name(crowded[1])}.tmp", b"not a blob")
     raw.write(f"blobs/xxh3-128/ab/.{crowded[3].hex[2:]}.0a1b.tmp", b"not a blob either")
 
     wanted = [blob.digest for blob in blobs] + crowded + [blobs[0].digest]
@@ -112,9 +112,9 @@ def test_corrupt_blob_fails_and_leaves_nothing(
 ) -> None:
     blob = make_blob(tmp_path, size)
     store.put_blob(blob.digest, blob.path)
-    data = bytearray(raw.read(blob_key(blob.digest)))
+    data = bytearray(raw.read(blob_name(blob.digest)))
     data[size // 2] ^= 0x01
-    raw.write(blob_key(blob.digest), bytes(data))
+    raw.write(blob_name(blob.digest), bytes(data))
     corrupt = digest_file_bytes(bytes(data))
     dest = tmp_path / "dest.tmp"
     dest.write_bytes(b"a partial file from an earlier try")
@@ -126,7 +126,7 @@ def test_corrupt_blob_fails_and_leaves_nothing(
     assert caught.value.actual == corrupt
     assert str(blob.digest) in str(caught.value)
     assert str(corrupt) in str(caught.value)
-    assert blob_key(blob.digest) in caught.value.location
+    assert blob_name(blob.digest) in caught.value.location
     assert not dest.exists()
 
 
@@ -144,7 +144,7 @@ def test_get_missing_blob(store: Store, tmp_path: Path, size: int | None) -> Non
     with pytest.raises(NotFoundError) as caught:
         store.get_blob(digest, dest, size=size)
 
-    assert caught.value.key.endswith(blob_key(digest))
+    assert caught.value.key.endswith(blob_name(digest))
     assert store.url in str(caught.value)
     assert "\n" not in str(caught.value)
     assert not dest.exists()
@@ -204,7 +204,7 @@ def test_corrupt_manifest_fails(store: Store, raw: RawObjects) -> None:
     data = b'{"kind":"vllm","n":1}'
     digest = sha256_of(data)
     store.put_manifest(digest, data)
-    raw.write(manifest_key(digest), b'{"kind":"vllm","n":2}')
+    raw.write(manifest_name(digest), b'{"kind":"vllm","n":2}')
 
     with pytest.raises(IntegrityError) as caught:
         store.get_manifest(digest)
@@ -217,7 +217,7 @@ def test_get_missing_manifest(store: Store) -> None:
     digest = sha256_of(b"never stored")
     with pytest.raises(NotFoundError) as caught:
         store.get_manifest(digest)
-    assert manifest_key(digest) in str(caught.value)
+    assert manifest_name(digest) in str(caught.value)
 
 
 def test_manifest_iteration_and_delete(store: Store, raw: RawObjects) -> None:
@@ -312,7 +312,7 @@ def test_a_blob_of_the_wrong_size_counts_as_missing_and_is_replaced(
     blobs = [make_blob(tmp_path, 3000 + n) for n in range(5)]  # five: the LIST path too
     for blob in blobs:
         store.put_blob(blob.digest, blob.path)
-    raw.write(blob_key(blobs[1].digest), raw.read(blob_key(blobs[1].digest))[:100])
+    raw.write(blob_name(blobs[1].digest), raw.read(blob_name(blobs[1].digest))[:100])
     sizes = {blob.digest: blob.size for blob in blobs}
     assert store.missing_blobs(sizes) == {blobs[1].digest}
     assert store.missing_blobs(list(sizes)) == set()  # without sizes: present is present
@@ -328,7 +328,7 @@ def test_a_damaged_manifest_is_replaced_by_the_next_put(store: Store, raw: RawOb
     data = b'{"kind":"vllm","n":3}'
     digest = sha256_of(data)
     store.put_manifest(digest, data)
-    raw.write(manifest_key(digest), b'{"kind":"vllm","n":4}')
+    raw.write(manifest_name(digest), b'{"kind":"vllm","n":4}')
     store.put_manifest(digest, data)
     assert store.get_manifest(digest) == data
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.stages.timing_cache import NOTE, Pool, TimingCache, cache_key
+from pipeline.stages.timing_cache import NOTE, CacheScope, TimingCache, cache_name
 from registry.gpus import lookup_gpu
 from registry.store.base import Store
 from registry.store.opener import open_store
@@ -50,7 +50,7 @@ def _stand_in_tensorrt() -> ModuleType:
 
 fake_trt = _stand_in_tensorrt()
 
-H100 = Pool("H100-SXM5-80GB", 90, "10.14.1.48")
+H100 = CacheScope("H100-SXM5-80GB", 90, "10.14.1.48")
 SHAPES = {
     "small": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
     "wide": {"max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
@@ -101,12 +101,12 @@ def home_store(tmp_path: Path) -> Store:
     return open_store((tmp_path / "home" / "store").as_uri())
 
 
-def stored(store: Store, pool: Pool = H100) -> list[str]:
+def stored(store: Store, pool: CacheScope = H100) -> list[str]:
     """The keys of the pool's stored caches, temp files aside."""
     return [info.key for info in store.list_objects(pool.prefix) if info.key.endswith(".cache")]
 
 
-def caches(store: Store, pool: Pool = H100) -> dict[str, dict[str, Any]]:
+def caches(store: Store, pool: CacheScope = H100) -> dict[str, dict[str, Any]]:
     """The pool's stored caches (key -> the stand-in's cache)."""
     return {key: json.loads(store.get_object(key)) for key in stored(store, pool)}
 
@@ -170,8 +170,8 @@ def test_a_build_publishes_its_cache_and_the_next_shape_starts_from_it_under_the
 def test_a_cache_of_another_tensorrt_version_or_gpu_is_never_offered(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    older = Pool("H100-SXM5-80GB", 90, "10.13.1.1")
-    a100 = Pool("A100-SXM4-80GB", 80, "10.14.1.48")
+    older = CacheScope("H100-SXM5-80GB", 90, "10.13.1.1")
+    a100 = CacheScope("A100-SXM4-80GB", 80, "10.14.1.48")
     store = home_store(tmp_path)
     build({**env, "FAKE_TENSORRT_VERSION": older.tensorrt},
           engine_recipe(tmp_path, "small", toolchain={"tensorrt": older.tensorrt}, name="old"))
@@ -202,7 +202,7 @@ def test_a_cache_in_the_pool_that_tensorrt_refuses_is_not_used_and_the_build_run
     lied, or the bytes were damaged): TensorRT's merge refuses it, the build runs cold and
     succeeds, and its own cache is published beside the refused one (left as it is)."""
     store = home_store(tmp_path)
-    foreign = cache_key(H100, FOREIGN[kind])
+    foreign = cache_name(H100, FOREIGN[kind])
     store.put_object(foreign, FOREIGN[kind])
     build(env, engine_recipe(tmp_path, "small"))
     (run,) = timings(tmp_path)
@@ -309,14 +309,14 @@ def test_concurrent_publishes_survive_the_merge_on_every_store(
     monkeypatch.setenv("PYTHONPATH", str(FAKE_PYTHON))
     monkeypatch.delenv("FAKE_TRTLLM_SM", raising=False)
     monkeypatch.delenv("FAKE_TENSORRT_VERSION", raising=False)
-    pool = Pool.of(lookup_gpu("h100"), "10.14.1.48")
+    pool = CacheScope.of(lookup_gpu("h100"), "10.14.1.48")
     assert pool == H100
 
     def cache(name: str) -> TimingCache:
         return TimingCache(store, pool, tmp_path / name, sys.executable, tmp_path / "log")
 
     start_entries = {"rmsnorm|c": {"tactic": "0x0", "ms": "1"}}
-    store.put_object(cache_key(pool, data := serialized(H100.tensorrt, 90, start_entries)), data)
+    store.put_object(cache_name(pool, data := serialized(H100.tensorrt, 90, start_entries)), data)
     first, second = cache("a"), cache("b")
     flags = [first.flags(), second.flags()]
     assert all(f[0] == "--input_timing_cache" for f in flags)  # both from C
@@ -342,8 +342,8 @@ def test_no_tensorrt_version_no_store_means_only_an_output_in_the_work_directory
 ) -> None:
     """Without a pool (its TensorRT version unknown) trtllm-build still gets an output path of
     the run's own, never TRT-LLM's default 'model.cache' in the current directory."""
-    assert Pool.of(lookup_gpu("h100"), None) is None
-    assert Pool.of(lookup_gpu("h100"), "../10") is None
+    assert CacheScope.of(lookup_gpu("h100"), None) is None
+    assert CacheScope.of(lookup_gpu("h100"), "../10") is None
     timing = TimingCache(None, None, tmp_path / "tc", sys.executable, tmp_path / "log")
     assert timing.flags() == ["--output_timing_cache", str(tmp_path / "tc" / "output.cache")]
     timing.publish()

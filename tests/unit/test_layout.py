@@ -9,19 +9,19 @@ from hypothesis import strategies as st
 from registry.identity.digest import Digest
 from registry.identity.layout import (
     RECORD_KINDS,
-    alias_record_key,
-    blob_key,
+    alias_record_name,
+    blob_name,
     blob_shard,
-    damaged_key,
+    damaged_name,
     format_time,
-    manifest_key,
-    parse_alias_record_key,
-    parse_blob_key,
-    parse_damaged_key,
-    parse_manifest_key,
-    parse_record_key,
+    manifest_name,
+    parse_alias_record_name,
+    parse_blob_name,
+    parse_damaged_name,
+    parse_manifest_name,
+    parse_record_name,
     parse_time,
-    record_key,
+    record_name,
 )
 from registry.identity.refs import valid_alias_name
 
@@ -41,8 +41,8 @@ hex64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
     ],
 )
 def test_blob_key_table(digest: Digest, key: str) -> None:
-    assert blob_key(digest) == key
-    assert parse_blob_key(key) == digest
+    assert blob_name(digest) == key
+    assert parse_blob_name(key) == digest
     assert blob_shard(digest) == key[: len("blobs/xxh3-128/01/")]
 
 
@@ -54,17 +54,17 @@ def test_blob_key_table(digest: Digest, key: str) -> None:
     ],
 )
 def test_manifest_key_table(digest: Digest, key: str) -> None:
-    assert manifest_key(digest) == key
-    assert parse_manifest_key(key) == digest
+    assert manifest_name(digest) == key
+    assert parse_manifest_name(key) == digest
 
 
 def test_keys_refuse_the_other_algorithm() -> None:
     with pytest.raises(ValueError, match="xxh3-128"):
-        blob_key(Digest("sha256", SHA))
+        blob_name(Digest("sha256", SHA))
     with pytest.raises(ValueError, match="xxh3-128"):
         blob_shard(Digest("sha256", SHA))
     with pytest.raises(ValueError, match="sha256"):
-        manifest_key(Digest("xxh3-128", XXH))
+        manifest_name(Digest("xxh3-128", XXH))
 
 
 BAD_BLOB_KEYS = [
@@ -111,20 +111,20 @@ BAD_MANIFEST_KEYS = [
 @pytest.mark.parametrize("key", BAD_BLOB_KEYS)
 def test_parse_blob_key_rejects(key: str) -> None:
     with pytest.raises(ValueError, match="not a blob key"):
-        parse_blob_key(key)
+        parse_blob_name(key)
 
 
 @pytest.mark.parametrize("key", BAD_MANIFEST_KEYS)
 def test_parse_manifest_key_rejects(key: str) -> None:
     with pytest.raises(ValueError, match="not a manifest key"):
-        parse_manifest_key(key)
+        parse_manifest_name(key)
 
 
 @given(hex32)
 def test_blob_key_round_trip(hex_digits: str) -> None:
     digest = Digest("xxh3-128", hex_digits)
-    key = blob_key(digest)
-    assert parse_blob_key(key) == digest
+    key = blob_name(digest)
+    assert parse_blob_name(key) == digest
     assert key.startswith(blob_shard(digest))
     assert ".." not in key.split("/")
     assert not key.startswith("/")
@@ -133,7 +133,7 @@ def test_blob_key_round_trip(hex_digits: str) -> None:
 @given(hex64)
 def test_manifest_key_round_trip(hex_digits: str) -> None:
     digest = Digest("sha256", hex_digits)
-    assert parse_manifest_key(manifest_key(digest)) == digest
+    assert parse_manifest_name(manifest_name(digest)) == digest
 
 
 def _mutations(key: str) -> st.SearchStrategy[str]:
@@ -153,12 +153,12 @@ tokens = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
 alias_names = st.from_regex(r"[a-z][a-z0-9_-]{0,8}(/[a-z0-9][a-z0-9._-]{0,8}){0,3}",
                             fullmatch=True).filter(valid_alias_name)
 real_keys = st.one_of(
-    hex32.map(lambda h: blob_key(Digest("xxh3-128", h))),
-    hex64.map(lambda h: manifest_key(Digest("sha256", h))),
-    st.builds(lambda h, kind, at, token: record_key(Digest("sha256", h), kind, at, token),
+    hex32.map(lambda h: blob_name(Digest("xxh3-128", h))),
+    hex64.map(lambda h: manifest_name(Digest("sha256", h))),
+    st.builds(lambda h, kind, at, token: record_name(Digest("sha256", h), kind, at, token),
               hex64, st.sampled_from(RECORD_KINDS), times, tokens),
-    st.builds(alias_record_key, alias_names, times, tokens),
-    st.builds(damaged_key, hex32.map(lambda h: blob_key(Digest("xxh3-128", h))), times, tokens),
+    st.builds(alias_record_name, alias_names, times, tokens),
+    st.builds(damaged_name, hex32.map(lambda h: blob_name(Digest("xxh3-128", h))), times, tokens),
 )
 candidate_keys = st.one_of(
     st.text(max_size=120),  # almost never a key: the refusals
@@ -170,11 +170,11 @@ def _round_trips(key: str) -> list[str]:
     """What each parser that accepts *key* makes of its value again."""
     made = []
     for attempt in (
-        lambda: blob_key(parse_blob_key(key)),
-        lambda: manifest_key(parse_manifest_key(key)),
-        lambda: str(parse_record_key(key)),
-        lambda: str(parse_alias_record_key(key)),
-        lambda: str(parse_damaged_key(key)),
+        lambda: blob_name(parse_blob_name(key)),
+        lambda: manifest_name(parse_manifest_name(key)),
+        lambda: str(parse_record_name(key)),
+        lambda: str(parse_alias_record_name(key)),
+        lambda: str(parse_damaged_name(key)),
     ):
         try:
             made.append(attempt())
@@ -198,14 +198,14 @@ def test_every_key_enginectl_makes_parses(key: str) -> None:
 
 @given(hex32, st.text(min_size=1))
 def test_any_extra_text_is_rejected(hex_digits: str, extra: str) -> None:
-    blob = blob_key(Digest("xxh3-128", hex_digits))
-    manifest = manifest_key(Digest("sha256", hex_digits * 2))
+    blob = blob_name(Digest("xxh3-128", hex_digits))
+    manifest = manifest_name(Digest("sha256", hex_digits * 2))
     for mangled in (extra + blob, blob + extra):
         with pytest.raises(ValueError, match="not a blob key"):
-            parse_blob_key(mangled)
+            parse_blob_name(mangled)
     for mangled in (extra + manifest, manifest + extra):
         with pytest.raises(ValueError, match="not a manifest key"):
-            parse_manifest_key(mangled)
+            parse_manifest_name(mangled)
 
 
 SHA_DIGEST = Digest("sha256", SHA)
@@ -214,18 +214,18 @@ TOKEN = "0123456789abcdef" * 2
 
 
 def test_record_keys_table() -> None:
-    key = record_key(SHA_DIGEST, "smoke", AT, TOKEN)
+    key = record_name(SHA_DIGEST, "smoke", AT, TOKEN)
     assert key == f"records/sha256/{SHA}/smoke/20261201T093000123456Z-{TOKEN}.json"
-    parsed = parse_record_key(key)
+    parsed = parse_record_name(key)
     assert (parsed.artifact, parsed.kind, parsed.at, parsed.token) == (SHA_DIGEST, "smoke", AT,
                                                                        TOKEN)
     assert str(parsed) == key
-    alias = alias_record_key("llama70b/h100/prod", AT, TOKEN)
+    alias = alias_record_name("llama70b/h100/prod", AT, TOKEN)
     assert alias == f"aliases/llama70b/h100/prod/20261201T093000123456Z-{TOKEN}.json"
-    assert parse_alias_record_key(alias).name == "llama70b/h100/prod"
-    aside = damaged_key(blob_key(Digest("xxh3-128", XXH)), AT, TOKEN)
+    assert parse_alias_record_name(alias).name == "llama70b/h100/prod"
+    aside = damaged_name(blob_name(Digest("xxh3-128", XXH)), AT, TOKEN)
     assert aside == f"damaged/20261201T093000123456Z-{TOKEN}/blobs/xxh3-128/01/{XXH[2:]}"
-    assert parse_damaged_key(aside).original == blob_key(Digest("xxh3-128", XXH))
+    assert parse_damaged_name(aside).original == blob_name(Digest("xxh3-128", XXH))
     assert parse_time(format_time(AT)) == AT
 
 
@@ -244,7 +244,7 @@ def test_record_keys_table() -> None:
 )
 def test_parse_record_key_rejects(key: str) -> None:
     with pytest.raises(ValueError, match="not a record"):
-        parse_record_key(key)
+        parse_record_name(key)
 
 
 @pytest.mark.parametrize(
@@ -260,14 +260,14 @@ def test_parse_record_key_rejects(key: str) -> None:
 )
 def test_parse_alias_record_key_rejects(key: str) -> None:
     with pytest.raises(ValueError, match="not an alias"):
-        parse_alias_record_key(key)
+        parse_alias_record_name(key)
 
 
 def test_damaged_keys_hold_only_blobs_and_manifests() -> None:
     with pytest.raises(ValueError, match="not a blob or manifest key"):
-        damaged_key("records/x", AT, TOKEN)
+        damaged_name("records/x", AT, TOKEN)
     with pytest.raises(ValueError, match="not a blob or manifest key"):
-        parse_damaged_key(f"damaged/20261201T093000123456Z-{TOKEN}/blobs/../etc/passwd")
+        parse_damaged_name(f"damaged/20261201T093000123456Z-{TOKEN}/blobs/../etc/passwd")
     with pytest.raises(ValueError, match="naive"):
         format_time(datetime(2026, 12, 1))  # the naive time is the point
 

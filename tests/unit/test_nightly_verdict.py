@@ -10,7 +10,7 @@ from pipeline.nightly.alarm import Regression
 from pipeline.nightly.diff import FieldChange
 from pipeline.nightly.report import _ms
 from pipeline.nightly.verdict import StageReport, TargetReport, exit_code, ordered
-from pipeline.serving.promote import Level, Promotion
+from pipeline.serving.promote import LevelChange, Promotion
 
 KEY = "k1:" + "0" * 64
 DRIVER = FieldChange("driver", "570.124.06", "575.57.08")
@@ -27,7 +27,7 @@ def promotion(action: str) -> Promotion:
 
 def slower() -> Regression:
     return Regression("sha256:a", "H100-SXM5-80GB", 0.1, [DRIVER],
-                      [Level(1, 100.0, 30.0, 0.01, 0.03, regressed=True)])
+                      [LevelChange(1, 100.0, 30.0, 0.01, 0.03, regressed=True)])
 
 
 def test_each_verdict_follows_from_what_happened() -> None:

@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from pipeline.errors import PlanError
+from pipeline.listings import plan_lines
 from pipeline.planning.plan import KIND_ENGINE, Plan
 from pipeline.planning.target import Target
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings
-from pipeline.report import plan_lines
 from pipeline.stages.build import ON_OFF_FEATURES, build_flags, plugin_overrides
 from pipeline.stages.quantize import QFORMAT
 from pipeline.stages.quantizer.options import KV_CACHE_QUANT_ALGO, QUANT_ALGO

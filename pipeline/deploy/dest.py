@@ -4,7 +4,7 @@
         ... fill tree, serve.json last ...
     # here dest holds tree's content and the marker; on an exception dest is as it was
 
-What may be replaced is decided before, once, by `pipeline.deploy.guard.check_target`
+What may be replaced is decided before, once, by `pipeline.deploy.guard.check_dest`
 (`pull` and `fetch -o` call it; `serve` fills only its own serving directory). Every
 directory filled here holds the marker (`guard.MARKER`) naming its top-level entries and
 who filled it (*by*), unless the artifact brings a file of that name (*mark* False).
