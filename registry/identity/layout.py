@@ -16,10 +16,10 @@ sort by time), and the 32 hex digits a random token that keeps two records made 
 microsecond apart. Alias names are those `registry.identity.refs.check_alias_name` accepts
 (lowercase, `/`-separated, no empty, `.` or `..` segment), so a name is a safe key as it is.
 
-Object names (S3 calls them keys) are relative, use `/`, and are the same strings on disk (under the store root) and in a
-bucket (under the prefix). Each `*_name` function and its `parse_*_name` are exact inverses;
-parsing is strict, so a temp file, a stray object or a traversal attempt is never mistaken
-for a stored object.
+Object names (S3 calls them keys) are relative, use `/`, and are the same strings on disk
+(under the store root) and in a bucket (under the prefix). Each `*_name` function and its
+`parse_*_name` are exact inverses; parsing is strict, so a temp file, a stray object or a
+traversal attempt is never mistaken for a stored object.
 """
 
 from __future__ import annotations
