@@ -72,3 +72,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if shared and item.get_closest_marker("xdist_group") is None:  # a module may choose
             _, where, name = min(shared)
             item.add_marker(pytest.mark.xdist_group(f"{where or 'tests'}::{name}"))
+
+
+_CHECKOUT_BEFORE = pytest.StashKey["set[str] | None"]()
+
+
+def _checkout_changes() -> set[str] | None:
+    """`git status` of the checkout, a line per changed or untracked file (None: no git)."""
+    done = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                           "--untracked-files=all"], capture_output=True, text=True, check=False)
+    return set(done.stdout.splitlines()) if done.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, once
+        session.config.stash[_CHECKOUT_BEFORE] = _checkout_changes()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when a test wrote into the checkout (a tool's default output path,
+    relative to where a test ran it, once left ./model.cache there)."""
+    before = session.config.stash.get(_CHECKOUT_BEFORE, None)
+    after = _checkout_changes() if before is not None else None
+    if before is None or after is None or not (written := sorted(after - before)):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"tests wrote into the checkout {ROOT}: {', '.join(written)}",
+                            red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
