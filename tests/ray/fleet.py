@@ -41,7 +41,8 @@ IMAGES = {  # the builder image each node runs (its own ENGINECTL_IMAGE_DIGEST),
     "h100-b": "sha256:" + "a1" * 32, "l40s": "sha256:" + "1a" * 32,
 }
 SECRET = "never-print-this-7f3a"  # noqa: S105 - the registry password and S3 secret key the tests use
-ONE_H100 = {"gpu": ["h100"], "tp": [1], "include": [], "exclude": [{"runtime": "vllm"}]}
+ONE_H100: dict[str, Any] = {"gpu": ["h100"], "tp": [1], "include": [],
+                            "exclude": [{"runtime": "vllm"}]}
 """fleet_recipe changes: one H100 engine at tp 1, no vLLM entry."""
 PG = pytest.mark.parametrize("fleet_env", [("file", "postgresql")], indirect=True,
                              ids=["file-postgresql"])

@@ -6,11 +6,13 @@ test_fleet_build.py so that the two run on two xdist workers, each with its own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,21 +113,10 @@ def test_ctrl_c_cancels_every_task_releases_the_leases_and_exits_130(
     fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster
 ) -> None:
     recipe = fleet_recipe(tmp_path, **ONE_H100)
-    h100 = [ray_cluster.nodes["h100-a"], ray_cluster.nodes["h100-b"]]
-    for node in h100:
-        node.hang_builds(True)
-    proc = start(fleet_env, "build", str(recipe), "--executor", "ray", "--json")
-    try:
-        pidfile = _first_pidfile(h100, proc)
+    with _hung_build(fleet_env, recipe, ray_cluster) as (proc, pidfile):
         tool = int(pidfile.read_text())
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        for node in h100:
-            node.hang_builds(False)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, (out, err)
     last = err.strip().splitlines()[-1]  # what was kept, and that a re-run resumes
     assert last.startswith("enginectl: error: interrupted: cancelled build "), last
@@ -148,27 +139,19 @@ def test_a_node_lost_mid_build_is_retried_on_the_other_node_of_its_pool(
     fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster
 ) -> None:
     recipe = fleet_recipe(tmp_path, **ONE_H100)
-    h100 = [ray_cluster.nodes["h100-a"], ray_cluster.nodes["h100-b"]]
-    for node in h100:
-        node.hang_builds(True)
-    proc = start(fleet_env, "build", str(recipe), "--executor", "ray", "--json")
-    try:
-        pidfile = _first_pidfile(h100, proc)
+    with _hung_build(fleet_env, recipe, ray_cluster) as (proc, pidfile):
+        h100 = [ray_cluster.nodes["h100-a"], ray_cluster.nodes["h100-b"]]
         lost = next(n for n in h100 if n.tool_pidfile == pidfile)
         survivor = next(n for n in h100 if n is not lost)
         for node in h100:
             node.hang_builds(False)
-        ray_cluster.kill(lost.name)
-        kill_tool(pidfile)  # the stand-in outlives its killed worker; a machine would not
-        out, err = proc.communicate(timeout=300)
-    finally:
-        for node in h100:
-            node.hang_builds(False)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if lost.name not in ray_cluster.nodes:
-            ray_cluster.add(lost.name)  # the next tests get a whole cluster
+        try:
+            ray_cluster.kill(lost.name)
+            kill_tool(pidfile)  # the stand-in outlives its killed worker; a machine would not
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if lost.name not in ray_cluster.nodes:
+                ray_cluster.add(lost.name)  # the next tests get a whole cluster
     assert proc.returncode == 0, (out, err)
     summary = json.loads(out)
     engine = next(s for s in summary["stages"] if s["stage"] == "build")
@@ -178,6 +161,25 @@ def test_a_node_lost_mid_build_is_retried_on_the_other_node_of_its_pool(
     assert row is not None
     assert row.node_id == survivor.node_id  # type: ignore[attr-defined]
     assert row.status == "succeeded"  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _hung_build(env: dict[str, str], recipe: Path, cluster: FakeCluster
+                ) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A Ray build of *recipe* whose trtllm-build hangs on both H100 nodes, and the pidfile of
+    the first one that started; the hang is lifted and the build killed when the block ends."""
+    h100 = [cluster.nodes["h100-a"], cluster.nodes["h100-b"]]
+    for node in h100:
+        node.hang_builds(True)
+    proc = start(env, "build", str(recipe), "--executor", "ray", "--json")
+    try:
+        yield proc, _first_pidfile(h100, proc)
+    finally:
+        for node in h100:
+            node.hang_builds(False)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _first_pidfile(nodes: list[FakeNode], proc: subprocess.Popen[str]) -> Path:
