@@ -56,6 +56,11 @@ READY_POLL_S: Final = 0.5
 # Answers that are neither a success nor "503 still loading" before readiness gives up: a server
 # that is up but cannot generate (healthy, then fails its first request) is not waited out.
 READY_FAILURES: Final = 3
+# free_port finds a port free, and the server binds it a moment later: on a busy machine another
+# process can take it in between. That is the machine's doing, never the artifact's: the start
+# is tried again on another port, up to PORT_TRIES times.
+PORT_TRIES: Final = 3
+_PORT_TAKEN = re.compile(r"address already in use|\[Errno 98\]", re.IGNORECASE)
 
 # A log line that is an exception (after vLLM's "(Worker pid=N) ERROR ... [file:line]" prefix):
 # the first one in a failed server's log is usually the root cause.
@@ -223,6 +228,11 @@ def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: f
         server.wait(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
+def port_taken(exc: NotReadyError) -> bool:
+    """Whether the server died because another process took its port first (`PORT_TRIES`)."""
+    return _PORT_TAKEN.search(f"{exc.cause or ''}\n{exc.log_tail}") is not None
+
+
 def _health(client: Client) -> str:
     try:
         return f"HTTP {client.get('/health', timeout_s=5).status}"
@@ -300,22 +310,26 @@ def smoke(
     agreeing position by position (quantized). *env* adds to the server's environment, and
     *cwd* is its working directory; *warm_cache* names the warm cache it starts from (its
     ready_s is then a warm start)."""
-    port = free_port()
-    argv = render_argv(argv_template, model_dir=model_dir, port=port)
-    client = Client(HOST, port, timeout_s=settings.request_timeout_s)
-    checks: list[Check] = []
-    load: list[LoadLevel] = []
-    ready_s: float | None = None
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(Server(argv, log_path=log_path, env=env, cwd=cwd))
-        except OSError as exc:
-            checks.append(Check("ready", False, f"cannot start {argv[0]}: {exc}", {"argv": argv}))
-        else:
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        argv = render_argv(argv_template, model_dir=model_dir, port=port)
+        client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+        checks: list[Check] = []
+        load: list[LoadLevel] = []
+        ready_s: float | None = None
+        with contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(Server(argv, log_path=log_path, env=env, cwd=cwd))
+            except OSError as exc:
+                checks.append(Check("ready", False, f"cannot start {argv[0]}: {exc}",
+                                    {"argv": argv}))
+                break
             try:
                 ready_s = wait_ready(server, client, served_name,
                                      timeout_s=settings.ready_timeout_s)
             except NotReadyError as exc:
+                if port_taken(exc) and attempt < PORT_TRIES:
+                    continue  # the server is stopped as the block ends
                 checks.append(Check("ready", False, exc.reason,
                                     {"cause": exc.cause, "log_tail": exc.log_tail}))
             else:
@@ -328,6 +342,7 @@ def smoke(
                 if (code := server.poll()) is not None:
                     checks.append(Check("alive", False, f"the server exited with code {code}",
                                         {"log_tail": server.log_tail()}))
+        break
     best = max((level.output_tokens_per_s for level in load), default=None)
     failed = next((c for c in checks if not c.passed), None)
     return SmokeReport(
@@ -352,16 +367,23 @@ def measure(
     """Serve *model_dir* with *argv_template* and run one round of the load at each of
     *settings*' concurrency levels (no checks: the artifact has passed its smoke), then stop
     the server. NotReadyError when it cannot start or never becomes ready."""
-    port = free_port()
-    argv = render_argv(argv_template, model_dir=model_dir, port=port)
-    client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        argv = render_argv(argv_template, model_dir=model_dir, port=port)
+        client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+        try:
+            server = Server(argv, log_path=log_path, env=env)
+            server.start()
+        except OSError as exc:
+            raise NotReadyError(f"cannot start {argv[0]}: {exc}", "") from exc
+        try:
+            wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
+            break
+        except NotReadyError as exc:
+            server.stop()
+            if not (port_taken(exc) and attempt < PORT_TRIES):
+                raise
     try:
-        server = Server(argv, log_path=log_path, env=env)
-        server.start()
-    except OSError as exc:
-        raise NotReadyError(f"cannot start {argv[0]}: {exc}", "") from exc
-    try:
-        wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
         body = load_body(client, served_name, settings)
         return [run_level(client, body, settings.prompts, concurrency=c,
                           requests=settings.requests) for c in settings.concurrency]

@@ -26,6 +26,9 @@ Knobs (environment):
     FAKE_OPENAI_SLOW_FRACTION=F     a noisy neighbour: each generation is, with probability F,
     FAKE_OPENAI_SLOW_FACTOR=K       K times slower (default 4) than the delay above, drawn
     FAKE_OPENAI_SEED=N              from a random.Random(N) (default 0) once per generation
+    FAKE_OPENAI_PORT_TAKEN_ONCE=F   the first start (no file F yet: it makes F) finds its port
+                                    taken by another process, and dies as a server does:
+                                    OSError: [Errno 98] Address already in use
 A MODEL_DIR that is not a directory makes it exit 1 at start, as a real server would.
 """
 
@@ -310,6 +313,12 @@ def main(argv: list[str]) -> int:
 
 def run(fake: Fake, host: str, port: int, *, note: str = "") -> int:
     """Serve *fake* on host:port until killed."""
+    flag = os.environ.get("FAKE_OPENAI_PORT_TAKEN_ONCE")
+    if flag and not Path(flag).exists():  # another process binds the port first (it lives
+        Path(flag).touch()  # as long as this one): the real bind below fails with EADDRINUSE
+        import socket
+
+        taken = socket.create_server((host, port))  # noqa: F841 - held until exit
     with FakeHTTPServer((host, port), fake) as httpd:
         print(f"fake-openai: serving {fake.name!r} on {host}:{port} ({fake.style}; {note})",
               flush=True)

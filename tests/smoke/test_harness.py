@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.recipe.schema import SmokeSettings
 from pipeline.serving.loadgen import cost_per_million_tokens
-from pipeline.serving.smoke import SmokeReport, free_port, render_argv, smoke
+from pipeline.serving.smoke import SmokeReport, free_port, measure, render_argv, smoke
 from tests.fakes.openai_server import Fake
 from tests.processes import FAKE_NAME, TAG, tagged_processes
 
@@ -80,6 +80,25 @@ def test_a_good_server_passes_every_check_and_level(
     assert data["argv"][-1] == "--enforce-eager"
     assert "{port}" not in " ".join(data["argv"])
     assert "fake-openai: serving 'fake-model'" in (tmp_path / "logs" / "smoke.log").read_text()
+
+
+def test_a_port_taken_before_the_server_binds_it_is_tried_again_never_blamed_on_the_artifact(
+    fake_argv: list[str], model_dir: Path, settings: SmokeSettings, tmp_path: Path
+) -> None:
+    """free_port finds a port free; on a busy machine another process can take it before the
+    server binds it (the server dies: Address already in use). smoke and measure start again
+    on another port: a verdict about the artifact is never a lost race of the machine's."""
+    taken = tmp_path / "taken-once"
+    report = run(fake_argv, model_dir, settings, tmp_path,
+                 env={"FAKE_OPENAI_PORT_TAKEN_ONCE": str(taken)})
+    assert taken.exists()  # the first start did lose its port
+    assert report.passed, report.failure
+    taken = tmp_path / "measure-taken-once"
+    levels = measure(fake_argv, model_dir=model_dir, served_name=FAKE_NAME, settings=settings,
+                     log_path=tmp_path / "logs" / "measure.log",
+                     env={"FAKE_OPENAI_PORT_TAKEN_ONCE": str(taken)})
+    assert taken.exists()
+    assert [level.concurrency for level in levels] == list(settings.concurrency)
 
 
 def test_more_concurrency_than_requests_sends_one_request_per_worker(
