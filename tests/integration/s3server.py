@@ -18,16 +18,18 @@ import contextlib
 import functools
 import http.client
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.serving.smoke import free_port  # the one loopback-port picker
+from pipeline.serving.smoke import PORT_TRIES, free_port  # the one loopback-port picker
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -111,18 +113,30 @@ def _answers(port: int) -> bool:
 
 def start_s3_server(workdir: Path) -> S3Server:
     """Start moto's S3 server; S3ServerError (with its log) if it does not answer in time."""
-    port = free_port()
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    return _start("moto", argv, port, workdir)
+    return _on_a_free_port("moto", lambda port: [
+        sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], workdir)
 
 
 def start_s3rver(start_script: Path, workdir: Path) -> S3Server:
     """Start s3rver (*start_script*: what scripts/install-s3rver printed), storing under
     *workdir*; S3ServerError (with its log) if it does not answer in time."""
-    port = free_port()
-    argv = [str(start_script), "-d", str(workdir / "data"), "-a", "127.0.0.1",
-            "-p", str(port), "--silent"]
-    return _start("s3rver", argv, port, workdir)
+    return _on_a_free_port("s3rver", lambda port: [
+        str(start_script), "-d", str(workdir / "data"), "-a", "127.0.0.1", "-p", str(port),
+        "--silent"], workdir)
+
+
+def _on_a_free_port(kind: str, argv: Callable[[int], list[str]], workdir: Path) -> S3Server:
+    """Start *kind* on a free port, again on another when a process took that one before the
+    server bound it (a busy machine's race: pipeline.serving.smoke.PORT_TRIES)."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        try:
+            return _start(kind, argv(port), port, workdir)
+        except S3ServerError as exc:
+            if attempt == PORT_TRIES or not re.search(r"(?i)address already in use|EADDRINUSE",
+                                                      str(exc)):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _start(kind: str, argv: list[str], port: int, workdir: Path) -> S3Server:
