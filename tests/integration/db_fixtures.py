@@ -192,9 +192,13 @@ def lease_worker(url: str, owner: str, key: str, barrier: Any, queue: Any) -> No
         with open_registry(url) as registry:
             barrier.wait(RACE_TIMEOUT_S)
             with registry.session() as session:
-                return try_acquire_lease(
+                won = try_acquire_lease(
                     session, key, owner=owner, host="racer", pid=os.getpid(), ttl_s=600
                 )
+            # alive until every racer has tried: a winner that exited first is a holder gone
+            # from this host, whose lease the next racer rightly takes over (holder_gone)
+            barrier.wait(RACE_TIMEOUT_S)
+            return won
 
     _report(queue, owner, body)
 
