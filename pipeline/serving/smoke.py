@@ -60,7 +60,7 @@ READY_FAILURES: Final = 3
 # process can take it in between. That is the machine's doing, never the artifact's: the start
 # is tried again on another port, up to PORT_TRIES times.
 PORT_TRIES: Final = 3
-_PORT_TAKEN = re.compile(r"address already in use|\[Errno 98\]", re.IGNORECASE)
+PORT_TAKEN: Final = re.compile(r"address already in use|\[Errno 98\]|EADDRINUSE", re.IGNORECASE)
 
 # A log line that is an exception (after vLLM's "(Worker pid=N) ERROR ... [file:line]" prefix):
 # the first one in a failed server's log is usually the root cause.
@@ -230,7 +230,7 @@ def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: f
 
 def port_taken(exc: NotReadyError) -> bool:
     """Whether the server died because another process took its port first (`PORT_TRIES`)."""
-    return _PORT_TAKEN.search(f"{exc.cause or ''}\n{exc.log_tail}") is not None
+    return PORT_TAKEN.search(f"{exc.cause or ''}\n{exc.log_tail}") is not None
 
 
 def _health(client: Client) -> str:

@@ -18,7 +18,6 @@ import contextlib
 import functools
 import http.client
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.serving.smoke import PORT_TRIES, free_port  # the one loopback-port picker
+from pipeline.serving.smoke import PORT_TAKEN, PORT_TRIES, free_port  # the one loopback-port picker
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -133,8 +132,7 @@ def _on_a_free_port(kind: str, argv: Callable[[int], list[str]], workdir: Path) 
         try:
             return _start(kind, argv(port), port, workdir)
         except S3ServerError as exc:
-            if attempt == PORT_TRIES or not re.search(r"(?i)address already in use|EADDRINUSE",
-                                                      str(exc)):
+            if attempt == PORT_TRIES or not PORT_TAKEN.search(str(exc)):
                 raise
     raise AssertionError("unreachable")
 
