@@ -31,12 +31,15 @@ digest's bytes (a link or chmod changes the ctime too), evicted when it does not
 directory, whose files were placed from here).
 
 Every temp file (`.tmp-<hex>`: a fill, a stamp, a manifest copy being written) is held
-under an exclusive `fcntl.flock` by its writer from the moment it is created until it is
-renamed into place or removed; the kernel drops the lock when the writer dies. gc
-(`remove_partial`) removes only temp files that are unlocked and older than its cutoff, so
-even `gc --grace 0` never takes the temp file of a fetch in progress, however long it has
-been stalled, and always takes a killed one's. A writer writes *into* its temp path (never
-replaces it), so the lock stays on the file it names.
+under an exclusive `fcntl.flock` by its writer from the moment it bears that name until it
+is renamed into place or removed; the kernel drops the lock when the writer dies. A writer
+creates it as `.new-<hex>`, locks it and only then renames it to `.tmp-<hex>`, so no
+`.tmp-` file is ever seen unlocked while its writer lives. gc (`remove_partial`) removes
+only temp files that are unlocked and older than its cutoff, so even `gc --grace 0` never
+takes the temp file of a fetch in progress, however long it has been stalled, and always
+takes a killed one's; a `.new-` file (a writer killed in the instant between creating and
+locking it) only once it is also older than `NEW_GRACE`. A writer writes *into* its temp
+path (never replaces it), so the lock stays on the file it names.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import os
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
@@ -56,6 +59,9 @@ from registry.identity.digest import Digest, digest_file, sha256_of
 
 FOLDER: Final = "xxh3-128"
 MANIFESTS: Final = "manifests/sha256"
+# a `.new-` temp file is a writer's for the instant between creating and locking it (module
+# doc): one this old is a killed writer's, whatever gc's grace
+NEW_GRACE: Final = timedelta(minutes=10)
 
 
 def _stamp_of(info: os.stat_result) -> str:
@@ -269,10 +275,15 @@ class BlobCache:
         holds locked stays, whatever its age. Only `xxh3-128/` (here and in the older cache
         places) and `manifests/` are looked at. Their count (removed, or under *dry_run* to
         be)."""
-        paths = [path for root in (self.root, *self.legacy)
-                 for path in (root / FOLDER).glob("*/.tmp-*")]
-        paths += self.root.joinpath(*MANIFESTS.split("/")).glob(".tmp-*")
-        return sum(_remove_abandoned(path, before, dry_run=dry_run) for path in paths)
+        manifests = self.root.joinpath(*MANIFESTS.split("/"))
+        removed = 0
+        for prefix, cutoff in ((".tmp-", before),
+                               (".new-", min(before, datetime.now(UTC) - NEW_GRACE))):
+            paths = [path for root in (self.root, *self.legacy)
+                     for path in (root / FOLDER).glob(f"*/{prefix}*")]
+            paths += manifests.glob(f"{prefix}*")
+            removed += sum(_remove_abandoned(path, cutoff, dry_run=dry_run) for path in paths)
+        return removed
 
     def count(self, digests: Iterable[Digest]) -> int:
         """How many of *digests* have an entry here (unverified: for messages)."""
@@ -286,14 +297,19 @@ def _regular(info: os.stat_result) -> bool:
 @contextlib.contextmanager
 def _writing(folder: Path) -> Iterator[Path]:
     """A new temp file `.tmp-<hex>` in *folder*, empty, held under an exclusive flock until
-    the block ends (then removed, unless the block renamed it away). Its path is yielded
-    only once the lock is held on the file that path names: one gc removed in between (it
-    found it unlocked) is given up for a new one."""
+    the block ends (then removed, unless the block renamed it away). It is created as
+    `.new-<hex>` and renamed once locked (module doc); one a gc removed in between is given
+    up for a new one."""
     while True:
-        temp = folder / f".tmp-{uuid.uuid4().hex}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        name = uuid.uuid4().hex
+        new, temp = folder / f".new-{name}", folder / f".tmp-{name}"
+        fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                new.rename(temp)  # named .tmp- only once locked (module doc)
+            except FileNotFoundError:
+                continue  # a gc took it as a killed writer's, however unlikely
             if _names(temp, fd):
                 try:
                     yield temp

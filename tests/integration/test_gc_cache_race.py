@@ -15,12 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.ops.adopt import import_artifact
 from registry.ops.fetch import fetch
+from registry.store.cache import NEW_GRACE, BlobCache, _writing
 from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
@@ -132,3 +134,24 @@ def test_gc_at_grace_zero_removes_the_cache_temp_file_of_a_killed_fetch(
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert json.loads(done.stdout)["partial_writes"] == len(left)
     assert list((tmp_path / "cache").rglob(".tmp-*")) == []
+
+
+def test_a_temp_file_is_never_seen_unlocked_while_its_writer_lives(tmp_path: Path) -> None:
+    """A writer names its temp file `.tmp-` only once it holds the lock (created as `.new-`),
+    so gc at grace 0 cannot take one in the instant between creating and locking it; a
+    `.new-` file left by a writer killed in that instant goes once older than NEW_GRACE."""
+    cache = BlobCache(tmp_path / "cache")
+    shard = tmp_path / "cache" / "xxh3-128" / "ab"
+    shard.mkdir(parents=True)
+    killed_new, fresh_new = shard / ".new-killed", shard / ".new-fresh"
+    killed_new.write_bytes(b"")
+    fresh_new.write_bytes(b"")
+    old = time.time() - NEW_GRACE.total_seconds() - 60
+    os.utime(killed_new, (old, old))
+    with _writing(shard) as temp:
+        assert temp.name.startswith(".tmp-")
+        assert temp.exists()
+        assert not list(shard.glob(f".new-{temp.name[5:]}"))  # renamed, not copied
+        assert cache.remove_partial(datetime.now(UTC)) == 1  # the killed .new- only
+        assert [path.name for path in sorted(shard.iterdir())] == [".new-fresh", temp.name]
+    assert not temp.exists()
