@@ -32,7 +32,13 @@ from typing import Any
 from pipeline.errors import BuildCancelledError
 from pipeline.executors.build import build_recipe
 from pipeline.executors.outcome import BuildSummary, Outcome
-from pipeline.nightly.alarm import incumbent_regression, regression, target_levels
+from pipeline.nightly.alarm import (
+    Regression,
+    confirmed,
+    incumbent_regression,
+    regression,
+    target_levels,
+)
 from pipeline.nightly.diff import KeyChange, key_changes, toolchain_changes
 from pipeline.nightly.lease import LeaseKeeper
 from pipeline.nightly.verdict import (
@@ -52,6 +58,7 @@ from pipeline.planning.toolchain import (
     from_dict,
 )
 from pipeline.recipe.reader import LoadedRecipe, parse_recipe
+from pipeline.serving.abgate import remeasure
 from pipeline.serving.promote import latest_passing, promote_gated
 from pipeline.settings import Settings
 from registry.context import Context
@@ -315,6 +322,7 @@ def _judge(ctx: Context, plan: Plan, targets: list[TargetReport],
     this run (its entry re-proved, and the incumbent of each alias the gate measured), and
     the log or smoke report each verdict comes from."""
     threshold = plan.loaded.recipe.nightly.max_regression
+    suspects: list[tuple[TargetReport, Regression]] = []
     with ctx.registry.session(readonly=True) as session:
         for target in targets:
             if target.skipped is not None or not target.stages:
@@ -332,13 +340,19 @@ def _judge(ctx: Context, plan: Plan, targets: list[TargetReport],
             if shown is not None and target.evidence is None:
                 target.evidence = shown.report.get("log_path")
             found = regression(session, proof.digest, gpu, threshold, key=smoke, since=since)
-            target.regressions += [found] if found else []
+            suspects += [(target, found)] if found else []
             if shown is None or shown.toolchain is None:
                 continue
             for promotion in target.promotions:
                 found = incumbent_regression(session, promotion, gpu, threshold,
                                             shown.toolchain)
-                target.regressions += [found] if found else []
+                suspects += [(target, found)] if found else []
+    for target, suspect in suspects:  # served again here, after the registry is let go
+        rounds = remeasure(suspect.digest, rounds=plan.loaded.recipe.nightly.gate_rounds,
+                           log_dir=Settings.from_env().work_dir / "alarm"
+                           / suspect.digest.removeprefix("sha256:")[:16])
+        found = suspect if rounds is None else confirmed(suspect, rounds)
+        target.regressions += [found] if found else []
 
 
 def _stage_report(plan: Plan, key: str, change: KeyChange | None,

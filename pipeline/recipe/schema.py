@@ -191,7 +191,8 @@ class NightlySettings(StrictModel):
     """What `enginectl nightly` judges the recipe's targets by: a re-proof slower than its
     last proof on the previous toolchain by more than *max_regression* is a toolchain
     regression (`pipeline.nightly.alarm`). *gate_rounds*: how many rounds each side of the
-    promotion gate's same-run A/B is measured (`pipeline.serving.abgate`)."""
+    promotion gate's same-run A/B is measured (`pipeline.serving.abgate`), and how many more a
+    re-proof is measured when its smoke alone fell below the alarm's line."""
 
     max_regression: float = Field(default=0.10, ge=0, lt=1)
     gate_rounds: int = Field(default=3, ge=1, le=20)

@@ -31,9 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pipeline.serving.loadgen import LoadLevel, median
+
+if TYPE_CHECKING:
+    from pipeline.serving.smoke_here import Served
 
 Rule = Literal["ab", "fallback"]
 SIDES: Final = ("incumbent", "candidate")
@@ -56,6 +59,7 @@ class GateLevel:
     candidate_errors: int = 0
     regressed: bool = False
     tie: bool = False  # below the threshold, but within the spread: the candidate's
+    incumbent_best_tokens_per_s: float | None = None  # its fastest round (the alarm's figure)
 
 
 @dataclass
@@ -70,7 +74,7 @@ class GateResult:
     logs: list[str] = field(default_factory=list)
 
 
-def _figure(level: LoadLevel) -> float | None:
+def figure(level: LoadLevel) -> float | None:
     """A round's figure: its median request tokens/s (its burst's tokens/s without it)."""
     if level.median_request_tokens_per_s is not None:
         return level.median_request_tokens_per_s
@@ -92,12 +96,12 @@ def decide(incumbent: Sequence[Sequence[LoadLevel]], candidate: Sequence[Sequenc
         sides = []
         for rounds in (incumbent, candidate):
             found = [lv for one in rounds for lv in one if lv.concurrency == concurrency]
-            figures = [f for lv in found if (f := _figure(lv)) is not None]
+            figures = [f for lv in found if (f := figure(lv)) is not None]
             ttfts = [lv.median_ttft_s for lv in found if lv.median_ttft_s is not None]
             sides.append((median(figures), _spread(figures), median(ttfts),
-                          sum(lv.errors for lv in found), len(found)))
-        (old, old_spread, old_ttft, old_errors, count), (new, new_spread, new_ttft,
-                                                         new_errors, _) = sides
+                          sum(lv.errors for lv in found), len(found), max(figures, default=None)))
+        (old, old_spread, old_ttft, old_errors, count, old_best), (new, new_spread, new_ttft,
+                                                                   new_errors, _, _) = sides
         regressed = tie = False
         if new_errors and not old_errors:
             regressed = True
@@ -109,7 +113,8 @@ def decide(incumbent: Sequence[Sequence[LoadLevel]], candidate: Sequence[Sequenc
         elif old is not None and new is None:
             regressed = True
         levels.append(GateLevel(concurrency, count, old, new, old_spread, new_spread,
-                                old_ttft, new_ttft, old_errors, new_errors, regressed, tie))
+                                old_ttft, new_ttft, old_errors, new_errors, regressed, tie,
+                                old_best))
     worst = next((lv for lv in levels if lv.regressed), None)
     if worst is None:
         ties = [lv.concurrency for lv in levels if lv.tie]
@@ -133,25 +138,13 @@ def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: flo
     """Serve *incumbent* and *candidate* (digests) here in turn, *rounds* times each, and
     decide (module doc). None when this machine cannot serve the candidate."""
     from pipeline.errors import MachineError
-    from pipeline.serving.smoke import NotReadyError, measure
-    from pipeline.serving.smoke_here import Served, prepare_served
-    from pipeline.settings import Settings
-    from registry.context import Context
-    from registry.errors import IntegrityError, NotFoundError, UsageError
+    from pipeline.serving.smoke import NotReadyError
+    from registry.errors import UsageError
 
-    settings = Settings.from_env()
-    ctx = Context()
     try:
-        try:
-            new = prepare_served(ctx, candidate, settings)
-        except (MachineError, UsageError):
-            return None
-        try:
-            old: Served | str = prepare_served(ctx, incumbent, settings)
-        except (MachineError, UsageError, NotFoundError, IntegrityError) as exc:
-            old = str(exc)
-    finally:
-        ctx.close()
+        new, [old] = _prepared(candidate, incumbent)
+    except (MachineError, UsageError):
+        return None
     measured: dict[str, list[list[LoadLevel]]] = {side: [] for side in SIDES}
     logs: list[str] = []
     if isinstance(old, str):
@@ -162,9 +155,7 @@ def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: flo
             log = log_dir / f"round{index + 1}-{side}.log"
             logs.append(str(log))
             try:
-                measured[side].append(measure(
-                    served.argv, model_dir=served.model_dir, served_name=served.served_name,
-                    settings=served.settings, log_path=log, env=served.env))
+                measured[side].append(_round(served, log))
             except NotReadyError as exc:
                 if side == "incumbent" and not measured[side]:
                     return _fallback(_why(exc.reason, exc.cause, exc.log_tail), logs)
@@ -175,6 +166,58 @@ def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: flo
     result = decide(measured["incumbent"], measured["candidate"], max_regression)
     result.logs = logs
     return result
+
+
+def remeasure(digest: str, *, rounds: int, log_dir: Path) -> list[list[LoadLevel]] | None:
+    """Serve *digest* here *rounds* times, one burst of its smoke load at each level a round
+    (one side of the gate, alone: the toolchain regression alarm's confirmation). None when
+    this machine cannot serve it, or a round never became ready."""
+    from pipeline.errors import MachineError
+    from pipeline.serving.smoke import NotReadyError
+    from registry.errors import IntegrityError, NotFoundError, UsageError
+
+    try:
+        served, _ = _prepared(digest)
+    except (MachineError, UsageError, NotFoundError, IntegrityError):
+        return None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return [_round(served, log_dir / f"round{index + 1}.log") for index in range(rounds)]
+    except NotReadyError:
+        return None
+
+
+def _prepared(first: str, *others: str) -> tuple[Served, list[Served | str]]:
+    """*first* and each of *others* ready to serve here (`prepare_served`). What *first*
+    raises is raised; what one of *others* raises is its text in its place (an incumbent
+    that cannot run here leaves the gate to its fallback)."""
+    from pipeline.errors import MachineError
+    from pipeline.serving.smoke_here import prepare_served
+    from pipeline.settings import Settings
+    from registry.context import Context
+    from registry.errors import IntegrityError, NotFoundError, UsageError
+
+    settings = Settings.from_env()
+    ctx = Context()
+    try:
+        served = prepare_served(ctx, first, settings)
+        rest: list[Served | str] = []
+        for digest in others:
+            try:
+                rest.append(prepare_served(ctx, digest, settings))
+            except (MachineError, UsageError, NotFoundError, IntegrityError) as exc:
+                rest.append(str(exc))
+        return served, rest
+    finally:
+        ctx.close()
+
+
+def _round(served: Served, log: Path) -> list[LoadLevel]:
+    """One round: *served* started, one burst at each level, stopped."""
+    from pipeline.serving.smoke import measure
+
+    return measure(served.argv, model_dir=served.model_dir, served_name=served.served_name,
+                   settings=served.settings, log_path=log, env=served.env)
 
 
 def _why(reason: str, cause: str | None, log_tail: str) -> str:

@@ -64,13 +64,15 @@ class LevelChange:
     rounds: int | None = None
     old_spread: float | None = None
     new_spread: float | None = None
+    old_best_tokens_per_s: float | None = None  # the incumbent's fastest round in the A/B
 
     def as_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "old_tokens_per_s": self.old_tokens_per_s,
                 "new_tokens_per_s": self.new_tokens_per_s,
                 "old_ttft_p50_s": self.old_ttft_p50_s, "new_ttft_p50_s": self.new_ttft_p50_s,
                 "regressed": self.regressed, "figure": self.figure, "rounds": self.rounds,
-                "old_spread": self.old_spread, "new_spread": self.new_spread}
+                "old_spread": self.old_spread, "new_spread": self.new_spread,
+                "old_best_tokens_per_s": self.old_best_tokens_per_s}
 
 
 @dataclass
@@ -301,7 +303,8 @@ def _level(level: GateLevel) -> LevelChange:
     return LevelChange(level.concurrency, level.incumbent_tokens_per_s,
                        level.candidate_tokens_per_s, level.incumbent_ttft_s,
                        level.candidate_ttft_s, level.regressed, ROBUST, level.rounds,
-                       level.incumbent_spread, level.candidate_spread)
+                       level.incumbent_spread, level.candidate_spread,
+                       level.incumbent_best_tokens_per_s)
 
 
 def _move(ctx: Context, plan: Plan, channel: Channel, made: Promotion) -> Promotion:

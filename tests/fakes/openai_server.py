@@ -26,6 +26,9 @@ Knobs (environment):
     FAKE_OPENAI_SLOW_FRACTION=F     a noisy neighbour: each generation is, with probability F,
     FAKE_OPENAI_SLOW_FACTOR=K       K times slower (default 4) than the delay above, drawn
     FAKE_OPENAI_SEED=N              from a random.Random(N) (default 0) once per generation
+    FAKE_OPENAI_BUSY_ONCE=D         a node busy at the moment each model directory is first
+                                    served (D holds a file per directory served): that start's
+                                    every generation is FAKE_OPENAI_SLOW_FACTOR times slower
     FAKE_OPENAI_PORT_TAKEN_ONCE=F   the first start (no file F yet: it makes F) finds its port
                                     taken by another process, and dies as a server does:
                                     OSError: [Errno 98] Address already in use
@@ -79,7 +82,18 @@ class Fake:
         self._random_lock = threading.Lock()
 
     def delay_for(self, model_dir: Path) -> None:
-        """Take the per-token delay FAKE_OPENAI_DELAYS names for *model_dir*'s config.json."""
+        """Take the per-token delay FAKE_OPENAI_DELAYS names for *model_dir*'s config.json,
+        times FAKE_OPENAI_SLOW_FACTOR when FAKE_OPENAI_BUSY_ONCE finds it first served."""
+        self._delay_from_table(model_dir)
+        busy = os.environ.get("FAKE_OPENAI_BUSY_ONCE")
+        if busy:
+            seen = Path(busy) / zlib.crc32(str(model_dir.resolve()).encode()).to_bytes(4).hex()
+            seen.parent.mkdir(parents=True, exist_ok=True)
+            if not seen.exists():
+                seen.touch()
+                self.token_delay_s *= self.slow_factor
+
+    def _delay_from_table(self, model_dir: Path) -> None:
         table = json.loads(os.environ.get("FAKE_OPENAI_DELAYS") or "{}")
         try:
             config = json.loads((model_dir / "config.json").read_text())

@@ -110,3 +110,25 @@ def test_an_incumbent_that_cannot_load_leaves_the_fallback_to_decide(box: Box) -
     assert "the incumbent cannot run here" in promotion["reason"]
     assert "candidate's own smoke" in promotion["reason"]
     assert "Failed to deserialize cuda engine" in promotion["reason"]  # the server's log
+
+
+def test_a_node_busy_as_each_artifact_first_serves_raises_no_alarm(tmp_path: Path) -> None:
+    # every artifact's first server start this night is 4x slower (the node busy just then):
+    # the re-proved checkpoint's smoke falls below the alarm's line, and so would the median
+    # of the incumbent's two gate rounds; the alarm decides by the fastest of this run's
+    # measurements (pipeline.nightly.alarm), measuring the checkpoint again, so nothing
+    # regressed and the nightly exits 0
+    box = built(tmp_path)
+    box.bump(NEW)
+    report = box.nightly(FAKE_OPENAI_TOKEN_DELAY_S=FAST, FAKE_OPENAI_SLOW_FACTOR="4",
+                         FAKE_OPENAI_BUSY_ONCE=str(tmp_path / "busy"))
+    assert report["regressions"] == [], report
+    [promotion] = target(report, ENGINE_TARGET)["promotions"]
+    assert (promotion["action"], promotion["rule"]) == ("promoted", "ab"), promotion
+    checkpoint = target(report, ENGINE_TARGET + "-pytorch")
+    assert checkpoint["verdict"] == "re-proved", checkpoint
+    [smoke] = [p["levels"] for p in checkpoint["promotions"]]  # its smoke alone: below the line
+    assert any(lv["new_tokens_per_s"] < (1 - MAX_REGRESSION) * lv["old_tokens_per_s"]
+               for lv in smoke), smoke
+    measured_again = sorted((tmp_path / "home" / "work" / "alarm").glob("*/round*.log"))
+    assert len(measured_again) == ROUNDS, measured_again  # the checkpoint's, one dir

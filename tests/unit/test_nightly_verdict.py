@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.nightly.alarm import Regression
+from pipeline.nightly.alarm import Regression, confirmed
 from pipeline.nightly.diff import FieldChange
 from pipeline.nightly.report import _ms
 from pipeline.nightly.verdict import StageReport, TargetReport, exit_code, ordered
-from pipeline.serving.promote import LevelChange, Promotion
+from pipeline.serving.loadgen import LoadLevel
+from pipeline.serving.promote import ROBUST, LevelChange, Promotion
 
 KEY = "k1:" + "0" * 64
 DRIVER = FieldChange("driver", "570.124.06", "575.57.08")
@@ -41,8 +42,8 @@ def test_each_verdict_follows_from_what_happened() -> None:
     regressed = TargetReport("t", [stage("smoke")], regressions=[slower()])
     assert regressed.verdict == "regressed"
     assert regressed.detail == ("toolchain regression on H100-SXM5-80GB (driver 570.124.06 → "
-                                "575.57.08): c=1 100.0 → 30.0 tok/s, below 90% of its last "
-                                "proof")
+                                "575.57.08): c=1 100.0 → 30.0 tok/s (one smoke: not "
+                                "measured again here), below 90% of its last proof")
     skipped = TargetReport("t", [stage("build", "skipped")], skipped="needs a H100")
     assert (skipped.verdict, skipped.fault) == ("skipped", None)
     failed = TargetReport("t", [stage("build", "failed", "artifact"), stage("smoke", "skipped")])
@@ -92,3 +93,33 @@ def test_regressions_failures_and_holds_are_listed_first() -> None:
 def test_times_are_in_ms_with_three_significant_digits(seconds: float | None,
                                                        shown: str) -> None:
     assert _ms(seconds) == shown
+
+
+def burst(concurrency: int, tokens_per_s: float) -> LoadLevel:
+    return LoadLevel(concurrency, 4, 0, 64, 1.0, tokens_per_s, 0.01, 0.02, None,
+                     median_request_tokens_per_s=tokens_per_s)
+
+
+def suspect() -> Regression:
+    """A re-proof's smoke alone: c=1 below 70% of its last proof, c=2 not."""
+    return Regression("sha256:a", "H100-SXM5-80GB", 0.3, [DRIVER],
+                      [LevelChange(1, 48.0, 31.0, 0.08, 0.13, True, ROBUST),
+                       LevelChange(2, 48.0, 47.0, 0.08, 0.08, False, ROBUST)])
+
+
+def test_a_smoke_the_node_slowed_is_no_regression_once_measured_again() -> None:
+    # the CI run that failed: one smoke slow at c=1 while the machine was busy
+    rounds = [[burst(1, 30.0), burst(2, 46.0)], [burst(1, 47.5), burst(2, 47.0)]]
+    assert confirmed(suspect(), rounds) is None
+
+
+def test_a_regression_is_kept_when_every_measurement_is_slow() -> None:
+    rounds = [[burst(1, 20.0), burst(2, 47.0)], [burst(1, 32.0), burst(2, 46.0)]]
+    found = confirmed(suspect(), rounds)
+    assert found is not None
+    assert found.measurements == 3
+    [c1, c2] = found.levels
+    assert (c1.regressed, c1.new_tokens_per_s, c1.rounds) == (True, 32.0, 3)  # the fastest
+    assert (c2.regressed, c2.new_tokens_per_s) == (False, 47.0)
+    assert "c=1 48.0 → 32.0 tok/s (the fastest of 3 measurements this run)" in str(found)
+    assert "(one smoke: not measured again here)" in str(suspect())
