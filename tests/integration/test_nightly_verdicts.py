@@ -1,10 +1,14 @@
 """The nightly's verdicts a team acts on (issue 23, items 1, 4 and 7), driven like
 tests/integration/test_nightly.py: a toy recipe, TensorRT-LLM's stand-ins, a driver bump
 made by the nvidia-smi stand-in, and the stand-in server's speed set per run
-(FAKE_OPENAI_TOKEN_DELAY_S): 0.05 s a token holds a request to 20 tokens/s, where the
-undelayed server gives each request thousands (about 5000 here), so the recipe's 90% threshold
-(`alarm_box`: nightly and promote max_regression 0.9, a tenth of the speed) decides it
-whatever this machine's noise.
+(FAKE_OPENAI_TOKEN_DELAY_S): the box serves at 2 ms a token (a 4-token request takes at
+least 8 ms: at most 500 tokens/s), and SLOWER at 100 ms a token holds a request to under 10
+tokens/s, so the recipe's 90% threshold (`alarm_box`: nightly and promote max_regression 0.9,
+a tenth of the speed) decides it whatever this machine's noise: a false alarm needs the
+fastest of this run's measurements ten times slower than the build's (some 70 ms added to
+the median request), and a missed one the build's median request over 40 ms. (Undelayed,
+the stand-in answers in about a millisecond, which a busy machine once made ten times
+slower: CI's false alarm.)
 
 - a re-proof slower than its last proof on the previous driver is a toolchain regression:
   verdict `regressed`, the fields that moved, both numbers per level, exit 5, and the
@@ -28,14 +32,16 @@ from tests.integration.browser import browse
 from tests.integration.nightly_box import ENGINE_TARGET, NEW, NEWER, OLD, Box, target
 
 CHECKPOINT_TARGET = ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch")
-SLOWER = {"FAKE_OPENAI_TOKEN_DELAY_S": "0.05"}
+BASE, SLOWER = "0.002", {"FAKE_OPENAI_TOKEN_DELAY_S": "0.1"}
 
 
 @pytest.fixture
 def alarm_box(tmp_path: Path, registry_url: str) -> Box:
     """The toy box, built, whose nightly raises the alarm below a tenth of the last proof's
-    speed: SLOWER is about 250 times slower, the machine's noise a few times at most."""
+    speed: SLOWER is about 40 times slower than BASE, the machine's noise a few times at
+    most."""
     built = Box(tmp_path, registry_url, max_regression=0.9)
+    built.env["FAKE_OPENAI_TOKEN_DELAY_S"] = BASE  # every run's, unless a run sets its own
     built.run("build", str(built.recipe))
     return built
 
