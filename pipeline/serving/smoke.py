@@ -30,7 +30,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -187,6 +187,8 @@ class NotReadyError(Exception):
         self.reason = reason if cause is None else f"{reason}; the log says: {cause}"
         self.log_tail = log_tail
         self.cause = cause
+        self.argv: list[str] = []  # the server's, once `serving` knows it
+        self.started = True  # False: the program could not be started at all (OSError)
         super().__init__(self.reason)
 
 
@@ -231,6 +233,50 @@ def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: f
 def port_taken(exc: NotReadyError) -> bool:
     """Whether the server died because another process took its port first (`PORT_TRIES`)."""
     return PORT_TAKEN.search(f"{exc.cause or ''}\n{exc.log_tail}") is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A server `serving` started that generates: its process, a client, argv, cold start."""
+
+    server: Server
+    client: Client
+    argv: list[str]
+    ready_s: float
+
+
+@contextlib.contextmanager
+def serving(argv_template: Sequence[str], *, model_dir: Path, served_name: str,
+            settings: SmokeSettings, log_path: Path, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> Iterator[Ready]:
+    """*argv_template* served on a free port until it generates (`wait_ready`), then stopped
+    as the block ends. A start that lost its port to another process is tried again on
+    another (`PORT_TRIES`). NotReadyError, with the last `argv` tried, when it cannot start
+    (`started` False) or never becomes ready."""
+    for attempt in range(1, PORT_TRIES + 1):
+        port = free_port()
+        argv = render_argv(argv_template, model_dir=model_dir, port=port)
+        client = Client(HOST, port, timeout_s=settings.request_timeout_s)
+        server = Server(argv, log_path=log_path, env=env, cwd=cwd)
+        try:
+            server.start()
+        except OSError as exc:
+            failed = NotReadyError(f"cannot start {argv[0]}: {exc}", "")
+            failed.argv, failed.started = argv, False
+            raise failed from exc
+        try:
+            ready_s = wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
+        except NotReadyError as exc:
+            server.stop()
+            if port_taken(exc) and attempt < PORT_TRIES:
+                continue
+            exc.argv = argv
+            raise
+        try:
+            yield Ready(server, client, argv, ready_s)
+        finally:
+            server.stop()
+        return
 
 
 def _health(client: Client) -> str:
@@ -310,39 +356,27 @@ def smoke(
     agreeing position by position (quantized). *env* adds to the server's environment, and
     *cwd* is its working directory; *warm_cache* names the warm cache it starts from (its
     ready_s is then a warm start)."""
-    for attempt in range(1, PORT_TRIES + 1):
-        port = free_port()
-        argv = render_argv(argv_template, model_dir=model_dir, port=port)
-        client = Client(HOST, port, timeout_s=settings.request_timeout_s)
-        checks: list[Check] = []
-        load: list[LoadLevel] = []
-        ready_s: float | None = None
-        with contextlib.ExitStack() as stack:
-            try:
-                server = stack.enter_context(Server(argv, log_path=log_path, env=env, cwd=cwd))
-            except OSError as exc:
-                checks.append(Check("ready", False, f"cannot start {argv[0]}: {exc}",
-                                    {"argv": argv}))
-                break
-            try:
-                ready_s = wait_ready(server, client, served_name,
-                                     timeout_s=settings.ready_timeout_s)
-            except NotReadyError as exc:
-                if port_taken(exc) and attempt < PORT_TRIES:
-                    continue  # the server is stopped as the block ends
-                checks.append(Check("ready", False, exc.reason,
-                                    {"cause": exc.cause, "log_tail": exc.log_tail}))
-            else:
-                checks.append(Check("ready", True, f"generated after {ready_s:.1f} s",
-                                    {"ready_s": ready_s}))
-                found, load = run_checks(client, served_name, settings,
-                                         max_input_len=max_input_len, reference=reference,
-                                         threshold=threshold)
-                checks += found
-                if (code := server.poll()) is not None:
-                    checks.append(Check("alive", False, f"the server exited with code {code}",
-                                        {"log_tail": server.log_tail()}))
-        break
+    checks: list[Check] = []
+    load: list[LoadLevel] = []
+    ready_s: float | None = None
+    argv: list[str] = []
+    try:
+        with serving(argv_template, model_dir=model_dir, served_name=served_name,
+                     settings=settings, log_path=log_path, env=env, cwd=cwd) as ready:
+            argv, ready_s = ready.argv, ready.ready_s
+            checks.append(Check("ready", True, f"generated after {ready_s:.1f} s",
+                                {"ready_s": ready_s}))
+            found, load = run_checks(ready.client, served_name, settings,
+                                     max_input_len=max_input_len, reference=reference,
+                                     threshold=threshold)
+            checks += found
+            if (code := ready.server.poll()) is not None:
+                checks.append(Check("alive", False, f"the server exited with code {code}",
+                                    {"log_tail": ready.server.log_tail()}))
+    except NotReadyError as exc:
+        argv = exc.argv
+        checks.append(Check("ready", False, exc.reason, {"argv": argv} if not exc.started
+                            else {"cause": exc.cause, "log_tail": exc.log_tail}))
     best = max((level.output_tokens_per_s for level in load), default=None)
     failed = next((c for c in checks if not c.passed), None)
     return SmokeReport(
@@ -367,25 +401,8 @@ def measure(
     """Serve *model_dir* with *argv_template* and run one round of the load at each of
     *settings*' concurrency levels (no checks: the artifact has passed its smoke), then stop
     the server. NotReadyError when it cannot start or never becomes ready."""
-    for attempt in range(1, PORT_TRIES + 1):
-        port = free_port()
-        argv = render_argv(argv_template, model_dir=model_dir, port=port)
-        client = Client(HOST, port, timeout_s=settings.request_timeout_s)
-        try:
-            server = Server(argv, log_path=log_path, env=env)
-            server.start()
-        except OSError as exc:
-            raise NotReadyError(f"cannot start {argv[0]}: {exc}", "") from exc
-        try:
-            wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
-            break
-        except NotReadyError as exc:
-            server.stop()
-            if not (port_taken(exc) and attempt < PORT_TRIES):
-                raise
-    try:
-        body = load_body(client, served_name, settings)
-        return [run_level(client, body, settings.prompts, concurrency=c,
+    with serving(argv_template, model_dir=model_dir, served_name=served_name,
+                 settings=settings, log_path=log_path, env=env) as ready:
+        body = load_body(ready.client, served_name, settings)
+        return [run_level(ready.client, body, settings.prompts, concurrency=c,
                           requests=settings.requests) for c in settings.concurrency]
-    finally:
-        server.stop()
