@@ -49,12 +49,18 @@ LAYOUTS: Final[Mapping[str, Mapping[str, str]]] = {
     # TensorRT-LLM 1.2 tensorrt_llm/_torch/pyexecutor/model_engine.py: the autotuner warm-up
     # runs under `autotune(cache_path=os.environ.get("TLLM_AUTOTUNER_CACHE_PATH"))` (a file,
     # loaded at the start and saved at the end); its torch.compile uses Inductor and Triton.
+    # Its JIT-compiled DeepGEMM kernels (FP8 GEMMs on SM90) go to $TRTLLM_DG_CACHE_DIR/cache/
+    # <gemm shape>/kernel.so, compiled first in $TRTLLM_DG_CACHE_DIR/tmp/<name>_<time>_<random>/
+    # (default ~/.tensorrt_llm; cpp/include/tensorrt_llm/deep_gemm/compiler.cuh,
+    # Compiler::getDefaultUserDir, getCacheDir, getTmpDir and build, NVIDIA/TensorRT-LLM@
+    # 3aa6b11d1317f7211bcfb6357dcf56f287214d82): only cache/ is kept (`kept`).
     "trtllm-pytorch": {"TLLM_AUTOTUNER_CACHE_PATH": "trtllm/autotuner.json",
-                       "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"},
+                       "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
+                       "TRTLLM_DG_CACHE_DIR": "trtllm/deep_gemm"},
 }
 FILE_VARIABLES: Final = frozenset({"TLLM_AUTOTUNER_CACHE_PATH"})  # a file, not a directory
 _HEADERS: Final = re.compile(r"tmp/torchinductor_[^/]+/precompiled_headers/[^/]+")
-_LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$")
+_LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$|^trtllm/deep_gemm/tmp/")
 KEY_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "vllm": ("driver", "vllm"),
     "trtllm-pytorch": ("driver", "cuda", "tensorrt", "trtllm"),
@@ -158,7 +164,8 @@ def cache_env(runtime: str, root: Path) -> dict[str, str]:
 
 def kept(relative: str) -> bool:
     """Whether the file at *relative* (a path under `.warm/`) belongs in a warm cache: not a
-    lock or temp file, and of the server's TMPDIR only Inductor's precompiled headers."""
+    lock or temp file (DeepGEMM's compiles in flight among them), and of the server's TMPDIR
+    only Inductor's precompiled headers."""
     if relative.startswith("tmp/") and not _HEADERS.fullmatch(relative):
         return False
     return not _LEFT_OUT.search(relative)

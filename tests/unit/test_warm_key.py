@@ -123,6 +123,10 @@ HEADER = "tmp/torchinductor_root/precompiled_headers/cg2scll.h"
     ("tmp/8c6f6e40-49dd/header.hpp", False),
     ("inductor/locks/c244.lock", False),
     ("triton/ab/kernel.json.tmp.pid_12_34", False),
+    # TRT-LLM's DeepGEMM JIT: the kernels it keeps, not a compile in flight
+    ("trtllm/deep_gemm/cache/gemm_4096_7168_128_128_128_1_8_1_Normal/kernel.so", True),
+    ("trtllm/deep_gemm/tmp/gemm_4096_7168_128_128_128_1_8_1_Normal_1764000000000_4242/kernel.cu",
+     False),
 ])
 def test_a_capture_keeps_caches_and_of_the_temp_folder_only_inductors_headers(
         relative: str, wanted: bool) -> None:
@@ -145,3 +149,11 @@ def test_vllm_starts_with_its_temp_folder_in_warm_and_its_sockets_outside(tmp_pa
     assert Path(base).is_absolute()
     assert len(f"{base}/{'0' * 36}") < 107
     assert "TMPDIR" not in cache_env("trtllm-pytorch", tmp_path)
+
+
+def test_trtllm_pytorch_keeps_its_autotuner_and_deepgemm_jit_caches_in_warm(
+        tmp_path: Path) -> None:
+    env = cache_env("trtllm-pytorch", tmp_path)
+    assert env["TLLM_AUTOTUNER_CACHE_PATH"] == ".warm/trtllm/autotuner.json"  # a file
+    assert env["TRTLLM_DG_CACHE_DIR"] == ".warm/trtllm/deep_gemm"
+    assert (tmp_path / ".warm" / "trtllm" / "deep_gemm").is_dir()
