@@ -266,11 +266,12 @@ def serving(argv_template: Sequence[str], *, model_dir: Path, served_name: str,
             raise failed from exc
         try:
             ready_s = wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
-        except NotReadyError as exc:
+        except BaseException as exc:  # Ctrl-C while it starts stops it too
             server.stop()
-            if port_taken(exc) and attempt < PORT_TRIES:
-                continue
-            exc.argv = argv
+            if isinstance(exc, NotReadyError):
+                if port_taken(exc) and attempt < PORT_TRIES:
+                    continue
+                exc.argv = argv
             raise
         try:
             yield Ready(server, client, argv, ready_s)

@@ -281,3 +281,31 @@ def test_free_port_is_a_bindable_loopback_port() -> None:
     assert 0 < port < 65536
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_ctrl_c_while_a_server_starts_stops_it(
+    model_dir: Path, settings: SmokeSettings, tmp_path: Path
+) -> None:
+    """A server that never answers; Ctrl-C (here SIGALRM's KeyboardInterrupt) while smoke
+    waits for it to generate stops it then, not when the process exits."""
+    import signal
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    tag = uuid.uuid4().hex
+    silent = [sys.executable, "-c", "import time; time.sleep(120)", "{model_dir}", "{port}"]
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        smoke(silent, model_dir=model_dir, served_name=FAKE_NAME, settings=settings,
+              max_input_len=240, price_per_hour=None, log_path=tmp_path / "smoke.log",
+              env={TAG: tag})
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("smoke returned before it was interrupted")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert tagged_processes(tag) == [], "the server outlived the interrupt"
