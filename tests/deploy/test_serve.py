@@ -45,7 +45,7 @@ def test_serve_resolves_pulls_once_runs_in_the_foreground_and_passes_sigterm_on(
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process.communicate()  # its pipes closed too
     assert process.returncode == 128 + signal.SIGTERM, stderr  # the stand-in died of it
     assert f"enginectl: serving {engine} from {directory}" in stderr
     assert tagged_processes(tag) == []  # nothing outlives serve
@@ -60,7 +60,7 @@ def test_serve_resolves_pulls_once_runs_in_the_foreground_and_passes_sigterm_on(
     finally:
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
-            again.wait()
+            again.communicate()
     assert again.returncode == 128 + signal.SIGINT
     assert tagged_processes(tag) == []
 

@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -333,11 +334,25 @@ def run(fake: Fake, host: str, port: int, *, note: str = "") -> int:
         import socket
 
         taken = socket.create_server((host, port))  # noqa: F841 - held until exit
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _die_of_it)
     with FakeHTTPServer((host, port), fake) as httpd:
         print(f"fake-openai: serving {fake.name!r} on {host}:{port} ({fake.style}; {note})",
               flush=True)
         httpd.serve_forever()
     return 0
+
+
+def _die_of_it(signum: int, _frame: object) -> None:
+    """SIGINT or SIGTERM: die of it, as the real servers do. Their HTTP server, uvicorn,
+    catches both, shuts down, restores the handlers and raises the signal again
+    (uvicorn/server.py Server.capture_signals), so the process ends by that signal; this
+    stand-in has nothing to shut down. Left to Python's KeyboardInterrupt, a Ctrl-C landing
+    while socketserver starts a request's thread surfaced as "RuntimeError: release unlocked
+    lock", which socketserver's handle_error swallowed, and the stand-in served on (a CI
+    rehearsal of `enginectl serve` hung on it)."""
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
 
 
 if __name__ == "__main__":
