@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from registry.sql.db import open_registry
 from registry.sql.records import list_artifacts
@@ -34,6 +35,9 @@ from tests.ray.fleet import (
 )
 
 pytestmark = pytest.mark.xdist_group("tests/ray::ray_cluster-2")  # its cluster: conftest.py
+TIMEOUT_S = 20
+"""The frozen engine build's timeout: long enough for a busy node to fetch its checkpoint and
+start trtllm-build, which the test waits for before it freezes the worker."""
 
 
 @PG
@@ -62,8 +66,22 @@ def test_a_stage_past_its_timeout_is_cancelled_by_the_driver_and_reported(
     fleet_env: dict[str, str], tmp_path: Path, ray_cluster: FakeCluster
 ) -> None:
     """The worker is frozen mid-build (SIGSTOP: a wedged machine), so only the driver can
-    end the stage: it cancels, then kills the task, and records the run cancelled."""
-    recipe = fleet_recipe(tmp_path, **ONE_H100, build={"timeout_s": 6})
+    end the stage: it cancels, then kills the task, and records the run cancelled.
+
+    `build.timeout_s` bounds the snapshot and convert stages too, and a busy machine once
+    took 32 s over the snapshot (CI, stop 30), so a build of another shape makes them first:
+    the timed build reuses them, and its timeout falls on its engine build alone."""
+    recipe = fleet_recipe(tmp_path, **ONE_H100)  # the model is random: written once
+    settings = yaml.safe_load(recipe.read_text())
+    shape = settings["matrix"]["shape"][0]
+    settings["matrix"]["shape"] = [{**shape, "max_batch_size": 2}]  # its own engine
+    recipe.write_text(yaml.safe_dump(settings))
+    first = json.loads(enginectl(fleet_env, "build", str(recipe), "--executor", "ray",
+                                 "--json").stdout)
+    assert first["built"] == 4  # snapshot, convert, an engine and its smoke
+    settings["matrix"]["shape"] = [shape]
+    settings["build"] = {"timeout_s": TIMEOUT_S}
+    recipe.write_text(yaml.safe_dump(settings))
     env = {**fleet_env, "ENGINECTL_RAY_TIMEOUT_GRACE_S": "0",
            "ENGINECTL_RAY_CANCEL_GRACE_S": "2"}
     h100 = [ray_cluster.nodes["h100-a"], ray_cluster.nodes["h100-b"]]
@@ -87,15 +105,17 @@ def test_a_stage_past_its_timeout_is_cancelled_by_the_driver_and_reported(
     assert proc.returncode == 3, (out, err)
     (line,) = without_store_note(err).strip().splitlines()
     assert line.startswith("enginectl: error: build "), line
-    assert "timed out after 6 s on " in line
+    assert f"timed out after {TIMEOUT_S} s on " in line
     assert "cancelled by the driver" in line
     summary = json.loads(out)
+    assert {s["stage"]: s["status"] for s in summary["stages"]}.items() >= {
+        "snapshot": "reused", "convert": "reused", "build": "cancelled"}.items()
     (cancelled,) = [s for s in summary["stages"] if s["status"] == "cancelled"]
     assert summary["cancelled"] == 1
     row = stage_rows(fleet_env, [cancelled["key"]])[cancelled["key"]]
     assert row is not None
     assert row.status == "cancelled"  # type: ignore[attr-defined]
-    assert "timed out after 6 s" in row.error  # type: ignore[attr-defined]
+    assert f"timed out after {TIMEOUT_S} s" in row.error  # type: ignore[attr-defined]
     assert worker is not None
     assert _gone(worker), "the frozen worker was not killed"
 
