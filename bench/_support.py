@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.serving.smoke import free_port  # the one loopback-port picker
+from pipeline.serving.server import free_port  # the one loopback-port picker
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -44,7 +44,7 @@ from smoke_overhead import (
 )
 
 from pipeline.serving.loadgen import Client, LoadLevel, run_level
-from pipeline.serving.smoke import Server, free_port, render_argv, wait_ready
+from pipeline.serving.server import Server, free_port, render_argv, wait_ready
 
 LEVELS = (1, 4, 16)
 MAX_TOKENS = 8
@@ -117,7 +117,7 @@ def minimal_server() -> Iterator[tuple[Client, int]]:
 @contextmanager
 def smoke_server(template: list[str], model_dir: Path, workdir: Path,
                  env: dict[str, str] | None, name: str) -> Iterator[tuple[Client, int]]:
-    """A server started and awaited exactly as smoke() does (pipeline.serving.smoke), always
+    """A server started and awaited exactly as smoke() does (pipeline.serving.server), always
     stopped."""
     port = free_port()
     argv = render_argv(template, model_dir=model_dir, port=port)

@@ -9,8 +9,8 @@ when `scripts/install-vllm --check` fails).
 (a) vLLM's CPU build serving the tiny Llama (scripts/make_tiny_model.py, made once under
 `$ENGINECTL_BENCH_CACHE`) with the argv a vLLM manifest stores, and (b) the stdlib stand-in
 tests/fakes/openai_server.py, whose model answers at once. The harness is instrumented from
-the outside (pipeline.serving.smoke's `Client`, `run_checks` and `Server.start/stop` are wrapped; no
-product code changes):
+the outside (pipeline.serving.server's `Client` and `Server.start/stop`, and
+pipeline.serving.smoke's `run_checks` are wrapped; no product code changes):
 
     wall        smoke() call, start to return
     ready_s     what smoke() reports: process start to the first successful generation
@@ -45,9 +45,11 @@ from _support import CACHE, exit_on_signals, loadavg, log, machine
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import SmokeSettings, VllmServe
+from pipeline.serving import server as server_module
 from pipeline.serving import smoke as smoke_module
 from pipeline.serving.loadgen import Client, Response, Streamed
-from pipeline.serving.smoke import Server, smoke
+from pipeline.serving.server import Server
+from pipeline.serving.smoke import smoke
 from pipeline.stages.serve import vllm_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +117,7 @@ class Probe:
 @contextmanager
 def instrumented() -> Iterator[Probe]:
     probe = Probe()
-    original_client, original_checks = smoke_module.Client, smoke_module.run_checks
+    original_client, original_checks = server_module.Client, smoke_module.run_checks
     original_start, original_stop = Server.start, Server.stop
 
     class TimedClient(Client):
@@ -156,7 +158,7 @@ def instrumented() -> Iterator[Probe]:
         finally:
             probe.stop_s += time.perf_counter() - started
 
-    smoke_module.Client = TimedClient  # type: ignore[misc]
+    server_module.Client = TimedClient  # type: ignore[misc]
     smoke_module.run_checks = run_checks
     Server.start = start  # type: ignore[method-assign]
     Server.stop = stop  # type: ignore[method-assign]
@@ -168,7 +170,7 @@ def instrumented() -> Iterator[Probe]:
     finally:
         done.set()
         watcher.join(5)
-        smoke_module.Client = original_client  # type: ignore[misc]
+        server_module.Client = original_client  # type: ignore[misc]
         smoke_module.run_checks = original_checks
         Server.start = original_start  # type: ignore[method-assign]
         Server.stop = original_stop  # type: ignore[method-assign]

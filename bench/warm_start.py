@@ -35,7 +35,7 @@ from _support import (
     scratch,
 )
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 
 PROMPT = "The capital of France is"
 NODE_CACHES = ("XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",

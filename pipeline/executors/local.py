@@ -109,7 +109,7 @@ class LocalExecutor:
         self.worker.cancel.set()
         self.worker.stop.set()
         stop_all(CANCEL_GRACE_S)
-        from pipeline.serving.smoke import stop_all as stop_servers
+        from pipeline.serving.server import stop_all as stop_servers
 
         stop_servers()
         with self._lock:

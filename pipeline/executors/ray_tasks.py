@@ -142,7 +142,7 @@ def _stop_children() -> None:
     """Stop every process group this worker started (a cancel may land while the runner is
     between its own SIGTERM and SIGKILL, which would leave a tool running)."""
     from pipeline.host.runner import stop_all
-    from pipeline.serving.smoke import stop_all as stop_servers
+    from pipeline.serving.server import stop_all as stop_servers
 
     stop_all()
     stop_servers()

@@ -2,7 +2,9 @@
 
     loadgen   the OpenAI-API client and the load it sends; percentiles and cost (pure)
     checks    the checks run on a ready server (models, greedy, chat, stream, long prompt)
-    smoke     start an artifact's real server, run the checks and the load: a smoke report
+    server    an artifact's server as a process: started on a free port, awaited until it
+              generates, always stopped (the whole group)
+    smoke     serve an artifact, run the checks and the load: a smoke report
     smoke_here  smoking here: whether this machine can smoke an artifact, what it serves,
               and recording the verdict (`enginectl smoke REF`, and the smoke stage of a
               build)

@@ -138,7 +138,7 @@ def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: flo
     """Serve *incumbent* and *candidate* (digests) here in turn, *rounds* times each, and
     decide (module doc). None when this machine cannot serve the candidate."""
     from pipeline.errors import MachineError
-    from pipeline.serving.smoke import NotReadyError
+    from pipeline.serving.server import NotReadyError
     from registry.errors import UsageError
 
     try:
@@ -173,7 +173,7 @@ def remeasure(digest: str, *, rounds: int, log_dir: Path) -> list[list[LoadLevel
     (one side of the gate, alone: the toolchain regression alarm's confirmation). None when
     this machine cannot serve it, or a round never became ready."""
     from pipeline.errors import MachineError
-    from pipeline.serving.smoke import NotReadyError
+    from pipeline.serving.server import NotReadyError
     from registry.errors import IntegrityError, NotFoundError, UsageError
 
     try:

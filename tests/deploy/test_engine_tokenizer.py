@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.deploy.dest import SERVE_FILE
 from pipeline.deploy.pull import pull
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from registry.context import Context
 from tests.deploy import artifacts
 from tests.helpers import FAKES

@@ -12,7 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from registry.context import Context
 from tests.deploy import artifacts
 from tests.deploy.serve_cli import BIN, ENGINECTL, READY_TIMEOUT_S, start, wait_answering

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from registry.context import Context
 from registry.ops.publish import publish
 from tests.deploy import artifacts

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from registry.context import Context
 from tests.deploy import artifacts
 from tests.deploy.serve_cli import BIN, READY_TIMEOUT_S, start, wait_answering

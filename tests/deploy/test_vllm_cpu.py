@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from tests.helpers import RECIPES, with_default_signals
 from tests.models import make_tiny_model, offline_env, require
 from tests.processes import TAG, tagged_processes

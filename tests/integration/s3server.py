@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.serving.smoke import PORT_TAKEN, PORT_TRIES, free_port  # the one loopback-port picker
+# the one loopback-port picker
+from pipeline.serving.server import PORT_TAKEN, PORT_TRIES, free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -126,7 +127,7 @@ def start_s3rver(start_script: Path, workdir: Path) -> S3Server:
 
 def _on_a_free_port(kind: str, argv: Callable[[int], list[str]], workdir: Path) -> S3Server:
     """Start *kind* on a free port, again on another when a process took that one before the
-    server bound it (a busy machine's race: pipeline.serving.smoke.PORT_TRIES)."""
+    server bound it (a busy machine's race: pipeline.serving.server.PORT_TRIES)."""
     for attempt in range(1, PORT_TRIES + 1):
         port = free_port()
         try:

@@ -27,7 +27,7 @@ import yaml
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from registry.sql.db import open_registry

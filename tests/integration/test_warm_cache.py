@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.serving.smoke import free_port
+from pipeline.serving.server import free_port
 from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
 from tests.helpers import builder_env, fake_gpu

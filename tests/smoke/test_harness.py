@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pipeline.recipe.schema import SmokeSettings
 from pipeline.serving.loadgen import cost_per_million_tokens
-from pipeline.serving.smoke import SmokeReport, free_port, measure, render_argv, smoke
+from pipeline.serving.server import free_port, render_argv
+from pipeline.serving.smoke import SmokeReport, measure, smoke
 from tests.fakes.openai_server import Fake
 from tests.processes import FAKE_NAME, TAG, tagged_processes
 
