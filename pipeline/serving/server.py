@@ -168,12 +168,13 @@ class Server:
 class NotReadyError(Exception):
     """The server exited, timed out, or answered without generating before it was ready."""
 
-    def __init__(self, reason: str, log_tail: str, cause: str | None = None) -> None:
+    def __init__(self, reason: str, log_tail: str, cause: str | None = None, *,
+                 argv: Sequence[str], started: bool = True) -> None:
         self.reason = reason if cause is None else f"{reason}; the log says: {cause}"
         self.log_tail = log_tail
         self.cause = cause
-        self.argv: list[str] = []  # the server's, once `serving` knows it
-        self.started = True  # False: the program could not be started at all (OSError)
+        self.argv = list(argv)  # the server's
+        self.started = started  # False: the program could not be started at all (OSError)
         super().__init__(self.reason)
 
 
@@ -193,11 +194,12 @@ def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: f
         code = server.poll()
         if code is not None:
             raise NotReadyError(f"the server exited with code {code} before it was ready "
-                                f"({seen()})", server.log_tail(), server.first_exception())
+                                f"({seen()})", server.log_tail(), server.first_exception(),
+                                argv=server.argv)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise NotReadyError(f"not ready after {timeout_s:g} s ({seen()})",
-                                server.log_tail(), server.first_exception())
+                                server.log_tail(), server.first_exception(), argv=server.argv)
         try:
             answer = client.post("/v1/completions", body,
                                  timeout_s=min(client.timeout_s, remaining))
@@ -211,7 +213,8 @@ def wait_ready(server: Server, client: Client, served_name: str, *, timeout_s: f
             if failures >= READY_FAILURES:
                 raise NotReadyError(
                     f"the server answers but cannot generate: {answered} (/health says "
-                    f"{_health(client)})", server.log_tail(), server.first_exception())
+                    f"{_health(client)})", server.log_tail(), server.first_exception(),
+                    argv=server.argv)
         server.wait(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
@@ -246,17 +249,14 @@ def serving(argv_template: Sequence[str], *, model_dir: Path, served_name: str,
         try:
             server.start()
         except OSError as exc:
-            failed = NotReadyError(f"cannot start {argv[0]}: {exc}", "")
-            failed.argv, failed.started = argv, False
-            raise failed from exc
+            raise NotReadyError(f"cannot start {argv[0]}: {exc}", "", argv=argv,
+                                started=False) from exc
         try:
             ready_s = wait_ready(server, client, served_name, timeout_s=settings.ready_timeout_s)
         except BaseException as exc:  # Ctrl-C while it starts stops it too
             server.stop()
-            if isinstance(exc, NotReadyError):
-                if port_taken(exc) and attempt < PORT_TRIES:
-                    continue
-                exc.argv = argv
+            if isinstance(exc, NotReadyError) and port_taken(exc) and attempt < PORT_TRIES:
+                continue
             raise
         try:
             yield Ready(server, client, argv, ready_s)
