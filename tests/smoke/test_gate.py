@@ -1,6 +1,7 @@
 """The gate on a real failure: a model vLLM's CPU backend reports healthy for and then cannot
-serve (head_dim 16) must end quarantined, never ready; build exits 5; resolve skips it;
-tag refuses it."""
+serve (head_dim 16) must end quarantined, never ready; build exits 5; its stored smoke report
+says the server listened and its first generation failed, with vLLM's own cause; nothing the
+build started outlives it; resolve skips it; tag refuses it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import yaml
 
 from tests.models import TinyModels
+from tests.processes import TAG, tagged_processes
 
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
@@ -29,11 +32,13 @@ def test_a_model_that_cannot_generate_is_quarantined(
     }
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(recipe))
+    tag = uuid.uuid4().hex  # inherited by the build's server and all it starts
     env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
-           "ENGINECTL_VLLM_PYTHON": str(vllm_python)}
+           "ENGINECTL_VLLM_PYTHON": str(vllm_python), TAG: tag}
     done = subprocess.run([ENGINECTL, "build", str(path)], env=env, capture_output=True,
                           text=True, timeout=1200, check=False)
     assert done.returncode == 5, (done.stdout, done.stderr)
+    assert tagged_processes(tag) == [], "the failed server left processes behind"
     note, line = done.stderr.strip().splitlines()
     assert note.startswith("enginectl: note: using store ")
     assert "quarantined" in line
@@ -46,6 +51,13 @@ def test_a_model_that_cannot_generate_is_quarantined(
                                       check=True, capture_output=True, text=True).stdout)
     (report,) = shown["smoke_reports"]
     assert report["passed"] is False
+    smoked = report["report"]
+    assert smoked["ready_s"] is None
+    assert smoked["load"] == []
+    assert smoked["failure"].startswith("ready: ")
+    assert "HTTP 500" in smoked["failure"]  # it listened, and its first generation failed
+    (ready,) = [c for c in smoked["checks"] if c["name"] == "ready"]
+    assert "head_dim" in (ready["evidence"]["cause"] or ""), ready["evidence"]["log_tail"]
     refused = subprocess.run([ENGINECTL, "resolve", "--model", "broken-llama", "--gpu", "cpu"],
                              env=env, capture_output=True, text=True, check=False)
     assert refused.returncode == 6  # nothing that serves: not found, not an outage

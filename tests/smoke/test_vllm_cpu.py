@@ -118,22 +118,3 @@ def test_the_cpu_build_cannot_run_vllm_serve(vllm_python: Path) -> None:
         capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode != 0
     assert "No package metadata was found for vllm" in done.stderr
-
-
-def test_vllm_with_head_dim_16_is_up_but_cannot_generate(
-    vllm_python: Path, tiny_models: TinyModels, settings: SmokeSettings, tmp_path: Path
-) -> None:
-    report = serve(vllm_python, tiny_models.head_dim_16, tmp_path, settings)
-    print(report.failure)  # for -s
-
-    assert not report.passed
-    assert report.ready_s is None
-    assert report.load == []
-    assert report.failure is not None
-    assert report.failure.startswith("ready: ")
-    assert "HTTP 500" in report.failure  # it listened, and its first generation failed
-    ready = report.check("ready")
-    assert ready is not None
-    assert "head_dim" in (ready.evidence["cause"] or ""), ready.evidence["log_tail"]
-
-
