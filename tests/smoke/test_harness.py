@@ -218,6 +218,8 @@ def test_a_server_that_never_listens_times_out(
     assert report.failure is not None
     assert report.failure.startswith("ready: not ready after 1 s (last probe: "
                                      "ConnectionRefusedError")
+    assert report.argv[:4] == [*argv[:3], str(model_dir)]  # what was run, filled in
+    assert report.argv[4].isdigit()
 
 
 def test_a_missing_program_is_reported(model_dir: Path, settings: SmokeSettings,
@@ -227,6 +229,10 @@ def test_a_missing_program_is_reported(model_dir: Path, settings: SmokeSettings,
 
     assert report.failure is not None
     assert report.failure.startswith(f"ready: cannot start {tmp_path / 'no-such-server'}")
+    assert report.argv[:2] == [str(tmp_path / "no-such-server"), "--port"]
+    ready = report.check("ready")
+    assert ready is not None
+    assert ready.evidence == {"argv": report.argv}  # never started: no log to show
 
 
 def test_a_wrong_served_name_is_never_ready(

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving import server as smoke_server
-from pipeline.serving.server import Server
+from pipeline.serving.server import Server, stop_all
 from tests.processes import TAG, tagged_processes
 
 # A leader that ignores SIGTERM and starts a child that ignores it too, then says so. The
@@ -106,10 +105,10 @@ def test_stop_all_stops_every_live_server(tmp_path: Path) -> None:
             server.start()
         for i in range(2):
             wait_for_log(tmp_path / f"{i}.log", "server up")
-        smoke_server.stop_all()
+        stop_all()
         assert [server.poll() for server in servers] == [-15, -15]
         assert not any(group_exists(server.pid) for server in servers)
     finally:
         for server in servers:
             server.stop()
-    smoke_server.stop_all()  # nothing left: a no-op
+    stop_all()  # nothing left: a no-op
