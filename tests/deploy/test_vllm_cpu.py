@@ -56,7 +56,7 @@ class Built:
 def built(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Built:
     require(("torch", "transformers", "tokenizers", "modelopt"), "the quantizer's libraries are")
     base = tmp_path_factory.mktemp("deploy-vllm")
-    source = make_tiny_model(base / "builder-model")
+    source = make_tiny_model(base / "builder-model", factory=tmp_path_factory)
     data = yaml.safe_load((RECIPES / "tiny-llama-cpu.yaml").read_text())
     data["model"]["source"] = str(source)
     data["quantize"]["calibration"]["file"] = str(RECIPES / "calibration" / "tiny.jsonl")

@@ -44,7 +44,7 @@ START_TIMEOUT_S = 120
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
     template, an HF config.json (made here, nothing from a hub)."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", factory=tmp_path_factory)
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ def require_quantize_libraries() -> None:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_quantize_libraries()
-    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama",
+                           factory=tmp_path_factory)
 
 
 @pytest.fixture

@@ -49,6 +49,6 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     require(("torch", "transformers", "tokenizers"), "the vLLM smoke test is")
     root = tmp_path_factory.mktemp("models")
     made = TinyModels(root / "tiny-llama", root / "tiny-llama-hd16")
-    make_tiny_model(made.bf16)
-    make_tiny_model(made.head_dim_16, "--head-dim", "16")
+    make_tiny_model(made.bf16, factory=tmp_path_factory)
+    make_tiny_model(made.head_dim_16, "--head-dim", "16", factory=tmp_path_factory)
     return made
