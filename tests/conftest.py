@@ -59,6 +59,7 @@ def vllm_python() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the marks to group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         definitions = getattr(item, "_fixtureinfo", None)
@@ -72,6 +73,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if shared and item.get_closest_marker("xdist_group") is None:  # a module may choose
             _, where, name = min(shared)
             item.add_marker(pytest.mark.xdist_group(f"{where or 'tests'}::{name}"))
+
+
+_UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends each test's group
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Note when the groups did not take: pytest-xdist's loadgroup sends a group to one worker
+    by the `@group` it appends to each marked test's node id. Its hook once ran before the one
+    above (no mark yet), and pytest 9.2 ignores the renaming; either way every costly fixture
+    was made once per worker (four Ray clusters, the deploy build twice, the quantized exports
+    up to four times) and nothing said so. Such a run now fails each marked test."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist's workers
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") is not None
+            and item.nodeid.rfind("@") <= item.nodeid.rfind("]")]
+    if lost:
+        session.config.stash[_UNGROUPED] = (
+            f"{len(lost)} tests marked xdist_group are not grouped: pytest "
+            f"{pytest.__version__} with this pytest-xdist does not group tests (see the pin "
+            "in pyproject.toml)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    ungrouped = item.config.stash.get(_UNGROUPED, None)
+    if ungrouped is not None and item.get_closest_marker("xdist_group") is not None:
+        pytest.fail(ungrouped, pytrace=False)
 
 
 _CHECKOUT_BEFORE = pytest.StashKey["set[str] | None"]()
