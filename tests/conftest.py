@@ -78,13 +78,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 _UNGROUPED = pytest.StashKey[str]()
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-xdist's, which appends each test's group
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Note when the groups did not take: pytest-xdist's loadgroup sends a group to one worker
-    by the `@group` it appends to each marked test's node id. Its hook once ran before the one
-    above (no mark yet), and pytest 9.2 ignores the renaming; either way every costly fixture
-    was made once per worker (four Ray clusters, the deploy build twice, the quantized exports
-    up to four times) and nothing said so. Such a run now fails each marked test."""
+    """Note when the groups did not take. pytest-xdist's loadgroup sends a group to one
+    worker by the `@group` it appends to each marked test's node id (by now, collection is
+    over). Its hook once ran before the one above (no mark yet), and pytest 9.2 ignores the
+    renaming; either way every costly fixture was made once per worker (four Ray clusters,
+    the deploy build twice, the quantized exports up to four times) and nothing said so.
+    Such a run now fails each marked test."""
     if not getattr(session.config.option, "loadgroup", False):  # set on xdist's workers
         return
     lost = [item.nodeid for item in session.items
