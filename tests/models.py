@@ -57,8 +57,9 @@ def require(names: Iterable[str], what: str) -> None:
 def make_tiny_model(out: Path, *extra: str, factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's Llama (hidden 128, head_dim 64 unless *extra* says) at
     *out*. Made once per test run for each *extra* and copied: the script costs seconds of
-    CPU, and the xdist workers' fixtures asked for it ~20 times a run. The shared copy lives
-    under the run's temporary root (*factory*'s), made whole or not at all, under a lock."""
+    CPU, and fixtures on several xdist workers asked for it up to ~20 times a run. The shared
+    copy lives under the run's temporary root (*factory*'s), made whole or not at all, under
+    a lock."""
     shared = _run_root(factory) / "tiny-models" / ("-".join(e.strip("-") for e in extra)
                                                     or "default")
     shared.parent.mkdir(parents=True, exist_ok=True)
