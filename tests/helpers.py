@@ -19,6 +19,7 @@ import yaml
 from pipeline.planning.plan import Plan, plan_recipe
 from pipeline.recipe.reader import load_recipe
 from pipeline.settings import Settings
+from tests.cli_forkserver import ENGINECTL, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
@@ -32,15 +33,11 @@ def expect_exit(done: subprocess.CompletedProcess[str], code: int | None) -> Non
                     f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}", pytrace=False)
 
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
-
-
 def enginectl(env: dict[str, str], *args: str | Path, code: int = 0,
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the installed `enginectl ARGS` with *env* (from *cwd*); fail unless it exits
     *code*, showing its whole output."""
-    done = subprocess.run([ENGINECTL, *map(str, args)], env=env, text=True, capture_output=True,
-                          timeout=600, check=False, cwd=cwd)
+    done = run_cli([ENGINECTL, *map(str, args)], env=env, timeout=600, cwd=cwd)
     expect_exit(done, code)
     return done
 

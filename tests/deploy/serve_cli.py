@@ -7,16 +7,14 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
+from tests.cli_forkserver import ENGINECTL
 from tests.helpers import ROOT, with_default_signals
 from tests.processes import TAG
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 BIN = [ROOT / "tests" / "fakes" / "bin"]
 READY_TIMEOUT_S = 120  # a guard against a hung server, not a timing assertion
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from registry.gpus import lookup_gpu
 from registry.ops.resolve import Request, resolve
 from registry.sql import smoke_records
 from registry.sql.evidence import Proof, nearest
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 from tests.helpers import FAKES, fake_gpu
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 H100 = "H100-SXM5-80GB"
 OLD, SAME_BRANCH, NEW = "570.124.06", "575.51.03", "575.57.08"
 
@@ -36,8 +35,7 @@ def proven(ctx: Context, digest: str, tokens_per_s: float, driver: str, *,
 
 
 def cli(env: dict[str, str], *args: str) -> dict[str, Any]:
-    done = subprocess.run([ENGINECTL, *args, "--json"], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args, "--json"], env=env, timeout=300)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     found: dict[str, Any] = json.loads(done.stdout)
     return found

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,14 @@ from registry.gpus import lookup_gpu
 from registry.ops.resolve import Request, resolve
 from registry.sql import smoke_records
 from registry.sql.evidence import evidence_for
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 H100, H200 = "H100-SXM5-80GB", "H200-SXM-141GB"
 
 
 def cli(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     return done

@@ -6,7 +6,6 @@ store and S3, each with SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,13 @@ from registry.context import Context
 from registry.errors import UnreadyError
 from registry.ops.fetch import fetch
 from registry.ops.publish import publish
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 from tests.helpers import stderr_of
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
-
 
 def cli(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     return done

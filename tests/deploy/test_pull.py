@@ -31,17 +31,16 @@ from registry.errors import (
 from registry.identity.digest import Digest
 from registry.identity.layout import blob_name
 from registry.ops.fetch import fetch, load_manifest
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 from tests.helpers import stderr_of
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 PYTHON = sys.executable  # stands in for vLLM's Python: pull never runs it
 ANY_HOST = "0.0.0.0"  # noqa: S104 - pull's default: a deploy node serves other machines
 
 
 def cli(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     if code:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 from pipeline.serving.server import free_port
 from registry.context import Context
+from tests.cli_forkserver import run_cli
 from tests.deploy import artifacts
 from tests.deploy.serve_cli import BIN, ENGINECTL, READY_TIMEOUT_S, start, wait_answering
 from tests.helpers import fake_gpu
@@ -72,9 +72,8 @@ def test_serve_exits_with_the_servers_own_code(
     it lacks, as trtllm-serve does) ends serve with its exit code and its own words."""
     engine = artifacts.engine(ctx, tmp_path / "engine", world=2)
     env = {**deploy_env, "PATH": os.pathsep.join([*map(str, BIN), os.environ["PATH"]])}
-    done = subprocess.run([ENGINECTL, "serve", engine, "--port", str(free_port()),
-                           "--host", "127.0.0.1"], env=env, capture_output=True, text=True,
-                          timeout=READY_TIMEOUT_S, check=False)
+    done = run_cli([ENGINECTL, "serve", engine, "--port", str(free_port()),
+                    "--host", "127.0.0.1"], env=env, timeout=READY_TIMEOUT_S)
     assert done.returncode == 1, done.stderr
     assert "[TRT-LLM] [E] FileNotFoundError" in done.stdout
     assert "rank1.engine" in done.stdout

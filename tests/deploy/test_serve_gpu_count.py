@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +15,11 @@ import pytest
 from pipeline.serving.server import free_port
 from registry.context import Context
 from registry.ops.publish import publish
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 from tests.deploy.serve_cli import BIN, READY_TIMEOUT_S, start, wait_answering
 from tests.helpers import fake_gpu
 from tests.processes import tagged_processes
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 @pytest.mark.parametrize("store", ["file"], indirect=True)
@@ -75,9 +72,8 @@ def test_resolve_for_pull_and_serve_counts_tp_times_pp(
     engine = publish(ctx, root, kind="trtllm-engine", labels=labels, status="ready").digest
 
     def resolve(gpus: str, code: int) -> dict[str, object]:
-        done = subprocess.run([ENGINECTL, "resolve", "--model", "m", "--gpu", "h100",
-                               "--gpus", gpus, "--explain", "--json"], env=deploy_env,
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = run_cli([ENGINECTL, "resolve", "--model", "m", "--gpu", "h100",
+                        "--gpus", gpus, "--explain", "--json"], env=deploy_env, timeout=120)
         assert done.returncode == code, (done.stdout, done.stderr)
         answer: dict[str, object] = json.loads(done.stdout)
         return answer

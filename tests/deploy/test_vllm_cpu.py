@@ -22,7 +22,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import pytest
 import yaml
 
 from pipeline.serving.server import free_port
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import RECIPES, with_default_signals
 from tests.models import make_tiny_model, offline_env, require
 from tests.processes import TAG, tagged_processes
@@ -41,7 +41,6 @@ from tests.smoke.transformers_reference import MAX_TOKENS, PROMPTS, transformers
 
 pytestmark = pytest.mark.slow
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 READY_TIMEOUT_S = 900  # a guard against a hung server on a loaded machine, not a timing
 
 
@@ -65,8 +64,8 @@ def built(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Built:
     home = base / "home"
     env = {k: v for k, v in offline_env().items() if not k.startswith("ENGINECTL_")}
     env.update(ENGINECTL_HOME=str(home), ENGINECTL_VLLM_PYTHON=str(vllm_python))
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", "CPU/*", "--json"],
-                          env=env, capture_output=True, text=True, timeout=1800, check=False)
+    done = run_cli([ENGINECTL, "build", str(recipe), "--only", "CPU/*", "--json"], env=env,
+                   timeout=1800)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["failed"] == 0
@@ -133,10 +132,9 @@ def test_the_printed_command_serves_what_transformers_decodes(
 ) -> None:
     dest = tmp_path / "models" / "tiny"
     port = free_port()
-    done = subprocess.run([ENGINECTL, "pull", "--model", "tiny-llama", "--gpu", "cpu",
-                           "-o", str(dest), "--host", "127.0.0.1", "--port", str(port)],
-                          env=built.env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    done = run_cli([ENGINECTL, "pull", "--model", "tiny-llama", "--gpu", "cpu",
+                    "-o", str(dest), "--host", "127.0.0.1", "--port", str(port)], env=built.env,
+                   timeout=600)
     assert done.returncode == 0, done.stderr
     command = done.stdout.strip()
     assert len(command.splitlines()) == 1

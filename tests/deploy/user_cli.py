@@ -8,17 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import stderr_of
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 SERVER = sys.executable  # stands in for trtllm-serve: pull writes it, never runs it
 
 
 def run(env: dict[str, str], *args: str, code: int = 0,
         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run enginectl; a failure is one error line (after the note naming the store)."""
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=cwd)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300, cwd=cwd)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr
     if code:

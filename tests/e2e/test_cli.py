@@ -16,10 +16,10 @@ import click
 import pytest
 
 from pipeline.cli import main
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.e2e.cli import GOOD_RECIPE, PREFIX
 from tests.helpers import ROOT
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 PIPE_BYTES = 4096  # the smallest pipe Linux makes: the writer blocks after one page
 RUNS = 5
 
@@ -31,8 +31,7 @@ def env_for(home: Path) -> dict[str, str]:
 
 
 def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ENGINECTL, *args], cwd=ROOT, env=env_for(home), capture_output=True,
-                          text=True, check=False, timeout=120)
+    return run_cli([ENGINECTL, *args], cwd=ROOT, env=env_for(home), timeout=120)
 
 
 def read_then_close(home: Path, args: list[str], lines: int) -> tuple[int, str]:
@@ -147,8 +146,7 @@ def test_every_command_takes_quiet_and_verbose() -> None:
 def test_shell_completion_lists_the_commands(tmp_path: Path) -> None:
     env = {**env_for(tmp_path), "_ENGINECTL_COMPLETE": "bash_complete",
            "COMP_WORDS": "enginectl i", "COMP_CWORD": "1"}
-    done = subprocess.run([ENGINECTL], env=env, capture_output=True, text=True, check=False,
-                          timeout=60)
+    done = run_cli([ENGINECTL], env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "plain,info" in done.stdout.splitlines()
     assert "plain,import" in done.stdout.splitlines()
@@ -196,8 +194,7 @@ def test_traceback_shows_the_stack(tmp_path: Path) -> None:
 
 def test_a_bad_lease_ttl_is_a_usage_error(tmp_path: Path) -> None:
     env = {**env_for(tmp_path), "ENGINECTL_LEASE_TTL_S": "soon"}
-    done = subprocess.run([ENGINECTL, "plan", str(GOOD_RECIPE)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=False, timeout=60)
+    done = run_cli([ENGINECTL, "plan", str(GOOD_RECIPE)], cwd=ROOT, env=env, timeout=60)
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line == (f"{PREFIX}ENGINECTL_LEASE_TTL_S='soon': expected seconds between 0.5 and "

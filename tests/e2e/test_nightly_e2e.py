@@ -27,6 +27,7 @@ import yaml
 from registry.sql.alias_records import get_alias
 from registry.sql.db import open_registry
 from registry.sql.records import list_artifacts
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import FAKES, RECIPES, ROOT, fake_gpu
 from tests.integration.db_fixtures import postgres_url
 
@@ -34,7 +35,6 @@ __all__ = ["postgres_url"]  # the fixture: a fresh PostgreSQL schema
 
 pytestmark = pytest.mark.slow
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 OLD, NEW = "570.124.06", "575.57.08"
 CALIBRATION = RECIPES / "calibration" / "tiny.jsonl"
 CALIBRATION_DIGEST = "sha256:ea0b824c6c8ec24032650dc017cf54f96e261291c4312014c3e877adc3a8ec7c"
@@ -111,8 +111,7 @@ def test_nightly_requalifies_exactly_what_a_driver_bump_invalidates(
            "HF_HUB_OFFLINE": "1"}
 
     def enginectl(*args: str) -> dict[str, Any]:
-        done = subprocess.run([ENGINECTL, *args, "--json"], env=env, capture_output=True,
-                              text=True, timeout=1800, check=False)
+        done = run_cli([ENGINECTL, *args, "--json"], env=env, timeout=1800)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
         value: dict[str, Any] = json.loads(done.stdout)
         return value

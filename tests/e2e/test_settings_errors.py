@@ -7,13 +7,12 @@ were down."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+from tests.cli_forkserver import ENGINECTL, run_cli
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "llama70b-h100.yaml"
 
 
@@ -27,8 +26,7 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
 
 def refused(env: dict[str, str], cwd: Path, *args: str) -> str:
     """Run enginectl in *cwd*; it must exit 2 with one error line, which is returned."""
-    done = subprocess.run([ENGINECTL, *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, cwd=cwd, timeout=120)
     assert done.returncode == 2, (args, done.stdout, done.stderr)
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("enginectl: error: "), done.stderr

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fake_gpu, only_nvidia_smi
+from tests.helpers import enginectl, fake_gpu, only_nvidia_smi
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 NGC_TORCH = "2.9.0a0+145a3a7bda.nv25.10"
 
 
@@ -59,8 +58,7 @@ def fake_python(root: Path, dists: dict[str, str], *, torch_cuda: str | None = N
 
 
 def toolchain(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ENGINECTL, "toolchain", *args], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+    return enginectl(env, "toolchain", *args)
 
 
 def rows(text: str) -> dict[str, tuple[str, str]]:

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,10 +16,9 @@ import yaml
 
 from registry.sql import leases, records
 from registry.sql.db import open_registry
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import with_default_signals
 from tests.tokenizer_files import write_tokenizer
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def make_model(root: Path) -> Path:
@@ -52,8 +50,7 @@ def write_recipe(directory: Path, **matrix: object) -> Path:
 
 def build(env: dict[str, str], recipe: Path, *args: str,
           code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "build", str(recipe), *args], env=env, text=True,
-                          capture_output=True, timeout=600, check=False)
+    done = run_cli([ENGINECTL, "build", str(recipe), *args], env=env, timeout=600)
     assert done.returncode == code, (done.stdout, done.stderr)
     return done
 
@@ -102,8 +99,7 @@ def counts(stdout: str) -> dict[str, int]:
 
 def smoke(env: dict[str, str], ref: str, *args: str,
           code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "smoke", ref, *args], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    done = run_cli([ENGINECTL, "smoke", ref, *args], env=env, timeout=600)
     assert done.returncode == code, (done.stdout, done.stderr)
     if code:
         (line,) = done.stderr.splitlines()

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import builder_env, expect_exit, fake_gpu
 from tests.integration.builds import make_model
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 OLD, NEW, NEWER = "570.124.06", "575.57.08", "580.65.06"
 ENGINE_TARGET = "H100-SXM5-80GB/tp1/pp1/bf16/kv-auto/small/trtllm"
 ENGINE_ALIAS = "toy/h100-sxm5-80gb/trtllm"
@@ -59,8 +58,8 @@ class Box:
 
     def run(self, *args: str, code: int = 0,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([ENGINECTL, *args], env={**self.env, **(env or {})}, text=True,
-                              capture_output=True, timeout=600, check=False, cwd=self.cwd)
+        done = run_cli([ENGINECTL, *args], env={**self.env, **(env or {})}, timeout=600,
+                       cwd=self.cwd)
         expect_exit(done, code)
         return done
 

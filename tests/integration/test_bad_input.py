@@ -7,25 +7,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import stderr_of, with_default_signals, without_store_note
 from tests.integration.engines import make_engine
 from tests.integration.s3server import S3Server
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def run(env: dict[str, str], *args: str, code: int = 0, cwd: Path | None = None,
         began: bool = False) -> subprocess.CompletedProcess[str]:
     """Run enginectl; a failure is one error line, alone unless the command *began* its
     work (then the note naming the store and registry comes first)."""
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=cwd)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300, cwd=cwd)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
         error = stderr_of(done) if began else done.stderr

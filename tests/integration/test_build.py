@@ -20,7 +20,7 @@ import yaml
 from registry.sql.db import open_registry
 from registry.sql.leases import get_stage_run
 from registry.sql.records import list_artifacts
-from tests.helpers import fake_gpu, only_nvidia_smi, wait_gone
+from tests.helpers import enginectl, fake_gpu, only_nvidia_smi, wait_gone
 from tests.integration.builds import (
     ENGINECTL,
     SMALL_ENGINE,
@@ -67,8 +67,7 @@ def test_build_publishes_every_stage_then_reuses_all(env: dict[str, str], tmp_pa
                    capture_output=True)
     config = json.loads((fetched / "config.json").read_text())
     assert config["build_config"]["max_seq_len"] == 512
-    shown = subprocess.run([ENGINECTL, "show", engine, "--json"], env=env, check=True,
-                           capture_output=True, text=True)
+    shown = enginectl(env, "show", engine, "--json")
     info = json.loads(shown.stdout)
     assert info["manifest"]["serve"]["argv"][:2] == ["trtllm-serve", "{model_dir}"]
     chain = info["provenance"]
@@ -350,8 +349,7 @@ def test_a_machine_without_vllm_never_quarantines_the_entry(
     assert status_of(registry_url, entry) == "built"
     refused = smoke(broken, entry, code=3)
     assert f"cannot smoke {entry} here: the server could not start here" in refused.stderr
-    shown = json.loads(subprocess.run([ENGINECTL, "show", entry, "--json"], env=env, text=True,
-                                      capture_output=True, check=True).stdout)
+    shown = json.loads(enginectl(env, "show", entry, "--json").stdout)
     assert shown["smoke_reports"] == []
     assert shown["artifact"]["status"] == "built"
     assert shown["artifact"]["status_reason"].startswith("awaits smoke: ")

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.cli_forkserver import run_cli
 from tests.integration.builds import ENGINECTL, cpu_recipe
 from tests.processes import FAKE_SERVER, TAG, tagged_processes
 
@@ -103,9 +104,8 @@ def test_a_build_killed_during_its_smoke_leaves_no_server_running(tmp_path: Path
         assert not answers(port)
         # and the next build proceeds at once: the killed build's lease on the smoke key is
         # a dead process's on this host (waiting out its hour-long TTL would hit the guard)
-        again = subprocess.run([ENGINECTL, "build", str(recipe)], text=True,
-                               capture_output=True, timeout=TIMEOUT_S, check=False,
-                               env={**env, "FAKE_OPENAI_TOKEN_DELAY_S": "0"})
+        again = run_cli([ENGINECTL, "build", str(recipe)], timeout=TIMEOUT_S,
+                        env={**env, "FAKE_OPENAI_TOKEN_DELAY_S": "0"})
         assert again.returncode == 0, again.stderr
         assert re.search(r"^built +smoke ", again.stdout, re.MULTILINE), again.stdout
         assert tagged_processes(tag) == []

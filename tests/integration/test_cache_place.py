@@ -6,19 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from registry.config import RegistryConfig
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import make_engine
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done
 

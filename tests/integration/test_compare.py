@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,11 +25,11 @@ from registry.errors import RecordNotFoundError, UsageError
 from registry.ops.adopt import ImportSpec, import_artifact
 from registry.ops.publish import publish
 from registry.sql import leases, records, smoke_records
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.browser import browse
 from tests.integration.engines import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 KEY = "k1:" + "ab" * 32
 
 
@@ -177,18 +176,17 @@ def test_ready_without_a_passing_report_has_a_row_but_no_line(seeded: Seeded) ->
     assert "No passing smoke report to chart." in page
 
 
-def run_cli(home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+def cli(home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
     env["ENGINECTL_HOME"] = str(home)
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=120)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     return done
 
 
 def test_cli_json_html_and_errors(seeded: Seeded, tmp_path: Path) -> None:
     page = tmp_path / "compare.html"
-    done = run_cli(seeded.home, "compare", "--model", "m", "--json", "--html", str(page))
+    done = cli(seeded.home, "compare", "--model", "m", "--json", "--html", str(page))
     data = json.loads(done.stdout)
     assert data == json.loads(json.dumps(compare(seeded.ctx, "m").as_dict()))
     assert [row["kind"] for row in data["rows"]] == [
@@ -199,12 +197,12 @@ def test_cli_json_html_and_errors(seeded: Seeded, tmp_path: Path) -> None:
     assert f"wrote {page}" in done.stderr
     assert page.read_text() == render_html(compare(seeded.ctx, "m"))
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    table = run_cli(seeded.home, "compare", "--model", "m", "--gpu", "h100").stdout
+    table = cli(seeded.home, "compare", "--model", "m", "--gpu", "h100").stdout
     assert seeded.a100[7:19] not in table
     assert seeded.h100[7:19] in table
-    missing = run_cli(seeded.home, "compare", "--model", "nope", code=6)
+    missing = cli(seeded.home, "compare", "--model", "nope", code=6)
     assert missing.stderr.startswith("enginectl: error: no ready artifact of 'nope'")
-    bad = run_cli(seeded.home, "compare", "--model", "m", "--gpu", "h9000", code=2)
+    bad = cli(seeded.home, "compare", "--model", "m", "--gpu", "h9000", code=2)
     assert "unknown GPU 'h9000'" in bad.stderr
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,10 @@ from registry.context import Context
 from registry.identity.digest import Digest
 from registry.identity.layout import blob_name, manifest_name
 from registry.ops.adopt import ImportSpec, import_artifact
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import stderr_of
 from tests.integration.engines import make_engine, overwrite
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 SPEC = ImportSpec(kind="trtllm-engine", model="m", gpu="h100", status="ready")
 
 
@@ -40,8 +39,7 @@ def env(ctx: Context, tmp_path: Path) -> dict[str, str]:
 
 
 def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
         assert stderr_of(done).count("\n") == 1, done.stderr

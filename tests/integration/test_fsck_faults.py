@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +20,10 @@ from registry.context import Context
 from registry.identity.layout import blob_name
 from registry.ops.adopt import import_artifact
 from registry.ops.damage import iter_damaged
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import engine_spec, make_engine, overwrite
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def _context(tmp_path: Path, store_url: str, endpoint: str) -> Context:
@@ -41,8 +38,7 @@ def _fsck(tmp_path: Path, store_url: str, endpoint: str, *args: str,
            "ENGINECTL_STORE_URL": store_url, "ENGINECTL_S3_ENDPOINT_URL": endpoint,
            "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'r.db'}",
            "ENGINECTL_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([ENGINECTL, "fsck", *args, "--json"], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = run_cli([ENGINECTL, "fsck", *args, "--json"], env=env, timeout=300)
     assert done.returncode == code, (done.stdout, done.stderr)
     report: dict[str, list[str]] = json.loads(done.stdout)
     return report

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -23,11 +22,10 @@ from registry.context import Context
 from registry.ops.adopt import import_artifact
 from registry.ops.fetch import fetch
 from registry.store.cache import NEW_GRACE, BlobCache, _writing
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
 from tests.integration.s3server import S3Server
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def _context(tmp_path: Path, store_url: str, endpoint: str) -> Context:
@@ -81,9 +79,8 @@ def test_gc_at_grace_zero_leaves_a_stalled_fetch_s_cache_temp_file_alone(
         assert proxy.holding.wait(120)
         stalled = list((tmp_path / "cache" / "xxh3-128" / rank1.xxh3.hex[:2]).glob(".tmp-*"))
         assert len(stalled) == 1
-        done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"],
-                              env=_env(tmp_path, store_url, s3_server.endpoint_url),
-                              capture_output=True, text=True, timeout=300, check=False)
+        done = run_cli([ENGINECTL, "gc", "--grace", "0s", "--json"],
+                       env=_env(tmp_path, store_url, s3_server.endpoint_url), timeout=300)
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert json.loads(done.stdout)["partial_writes"] == 1  # the killed fill's only
         assert not killed.exists()
@@ -128,9 +125,8 @@ def test_gc_at_grace_zero_removes_the_cache_temp_file_of_a_killed_fetch(
             fetching.wait(60)
     left = list((tmp_path / "cache").rglob(".tmp-*"))  # its other fills in flight, too
     assert stalled[0] in left  # nothing cleaned up after the kill
-    done = subprocess.run([ENGINECTL, "gc", "--grace", "0s", "--json"],
-                          env=_env(tmp_path, store_url, s3_server.endpoint_url),
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = run_cli([ENGINECTL, "gc", "--grace", "0s", "--json"],
+                   env=_env(tmp_path, store_url, s3_server.endpoint_url), timeout=300)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert json.loads(done.stdout)["partial_writes"] == len(left)
     assert list((tmp_path / "cache").rglob(".tmp-*")) == []

@@ -20,7 +20,8 @@ from registry.sql.db import open_registry
 from registry.sql.leases import get_stage_run
 from registry.sql.records import get_artifact, list_artifacts
 from registry.sql.smoke_records import smoke_reports
-from tests.helpers import FAKES, builder_env, fake_gpu
+from tests.cli_forkserver import run_cli
+from tests.helpers import FAKES, builder_env, enginectl, fake_gpu
 from tests.integration.builds import ENGINECTL, build, make_model, smoke
 
 H100 = "H100-SXM5-80GB"
@@ -66,14 +67,12 @@ def test_too_few_gpus_refuses_build_smoke_and_nightly_and_touches_no_status(
     one = {**env, **fake_gpu(tmp_path / "one", count=1)}
     recipe = tp2_recipe(tmp_path)
 
-    planned = subprocess.run([ENGINECTL, "plan", str(recipe)], env=one, capture_output=True,
-                             text=True, timeout=300, check=True)
+    planned = enginectl(one, "plan", recipe)
     target = f"{H100}/tp2/pp1/bf16/kv-auto/small/trtllm"
     assert f"enginectl: note: target {target}: {NEEDS}, so a build here refuses it" in \
         planned.stderr
     for other in (env, {**env, **fake_gpu(tmp_path / "enough", count=2)}):  # no GPU, enough
-        quiet = subprocess.run([ENGINECTL, "plan", str(recipe)], env=other,
-                               capture_output=True, text=True, timeout=300, check=True)
+        quiet = enginectl(other, "plan", recipe)
         assert "needs 2 GPUs" not in quiet.stderr
 
     refused = build(one, recipe, "--json", code=3)  # the engine build never starts
@@ -106,8 +105,7 @@ def test_too_few_gpus_refuses_build_smoke_and_nightly_and_touches_no_status(
     assert (ran["build"]["status"], ran["smoke"]["status"]) == ("reused", "failed")
     smoked = smoke(one, engine, code=3)
     assert f"cannot smoke {engine} here: {NEEDS}; its status stays built" in smoked.stderr
-    night = subprocess.run([ENGINECTL, "nightly", "--json", str(recipe)], env=one,
-                           capture_output=True, text=True, timeout=600, check=False)
+    night = run_cli([ENGINECTL, "nightly", "--json", str(recipe)], env=one, timeout=600)
     assert night.returncode == 3, (night.stdout, night.stderr)
     (failure,) = [f for f in json.loads(night.stdout)["failures"] if f["stage"] == "smoke"]
     assert failure["outcome"] == "failed"

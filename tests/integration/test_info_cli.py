@@ -14,10 +14,10 @@ import pytest
 
 from registry.sql.schema import HEAD
 from registry.store.base import Store
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import fake_gpu
 from tests.integration.s3server import S3Server
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 
@@ -38,8 +38,7 @@ def env(store: Store, registry_url: str, tmp_path: Path,
 
 
 def info(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "info", *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = run_cli([ENGINECTL, "info", *args], env=env, timeout=120)
     assert done.returncode == code, (done.stdout, done.stderr)
     return done
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from registry.sql import leases
 from registry.sql.db import open_registry
 from registry.sql.leases import NIGHTLY_KEY, db_now, nightly_holder, try_acquire_nightly
+from tests.cli_forkserver import run_cli
 from tests.helpers import wait_gone
 from tests.integration.builds import (
     ENGINECTL,
@@ -113,9 +114,8 @@ def test_a_build_proceeds_at_once_past_a_gone_holders_lease(
         assert leases.try_acquire_lease(session, engine, owner=f"{socket.gethostname()}:{dead}"
                                         ":0ld", host=socket.gethostname(), pid=dead,
                                         ttl_s=TEN_YEARS_S)
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
-                          env=any_env, text=True, capture_output=True, timeout=GUARD_S,
-                          check=False)
+    done = run_cli([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE], env=any_env,
+                   timeout=GUARD_S)
     assert done.returncode == 0, done.stderr
     assert counts(done.stdout)["built"] == 3
     lease = lease_of(url, engine)
@@ -143,9 +143,8 @@ def test_a_build_killed_with_sigkill_is_run_again_at_once(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(tool, signal.SIGKILL)
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE],
-                          env=env, text=True, capture_output=True, timeout=GUARD_S,
-                          check=False)
+    done = run_cli([ENGINECTL, "build", str(recipe), "--only", SMALL_ENGINE], env=env,
+                   timeout=GUARD_S)
     assert done.returncode == 0, done.stderr
     assert counts(done.stdout) == {"built": 1, "reused": 2, "failed": 0, "skipped": 0}
     assert len(engines(url)) == 1

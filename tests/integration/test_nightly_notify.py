@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_forkserver import run_cli
 from tests.integration.builds import ENGINECTL, cpu_recipe
 
 GUARD_S = 120  # a guard against a hang, not a timing assertion
 
 
 def nightly(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ENGINECTL, "nightly", *args], text=True, capture_output=True, timeout=GUARD_S,
-        check=False, env={**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
-                          "ENGINECTL_VLLM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-                          **env})
+    return run_cli(
+        [ENGINECTL, "nightly", *args], timeout=GUARD_S,
+        env={**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
+             "ENGINECTL_VLLM_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", **env})
 
 
 @pytest.mark.parametrize("url", [

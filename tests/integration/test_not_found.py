@@ -9,8 +9,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,19 +16,18 @@ import pytest
 from pipeline.cli.base import EXIT_CODES
 from registry.identity.digest import Digest
 from registry.identity.layout import manifest_name
-from tests.helpers import ROOT
+from tests.cli_forkserver import ENGINECTL, run_cli
+from tests.helpers import ROOT, enginectl
 from tests.integration.engines import make_engine
 from tests.integration.s3server import CREDENTIALS, S3Server
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 ALIAS = "llama/h100/prod"
 
 
 def run(env: dict[str, str], *args: str, code: int, one_line: bool = True) -> str:
     """Run enginectl, expect *code*, and return its (first) error line, or stdout when 0;
     with *one_line*, the error must be one line."""
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code == 0:
         return done.stdout
@@ -169,8 +166,7 @@ def test_a_digest_the_s3_store_lacks_is_exit_6_and_a_missing_bucket_exit_4(
 
 
 def test_the_exit_codes_are_in_help_and_the_page_alike() -> None:
-    shown = subprocess.run([ENGINECTL, "--help"], capture_output=True, text=True, check=True,
-                           timeout=120).stdout
+    shown = enginectl(dict(os.environ), "--help").stdout
     for code, meaning in EXIT_CODES:
         assert re.search(rf"^ +{code} +{re.escape(meaning)}$", shown, re.MULTILINE), code
     page = (ROOT / "docs" / "exit-codes.md").read_text(encoding="utf-8")

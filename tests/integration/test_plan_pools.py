@@ -17,6 +17,7 @@ from typing import Any
 
 from registry.sql.build_inputs import record_toolchain, toolchain_history
 from registry.sql.db import open_registry
+from tests.cli_forkserver import run_cli
 from tests.helpers import builder_env, fake_gpu
 from tests.integration.builds import ENGINECTL, write_recipe
 
@@ -25,16 +26,14 @@ H100 = "H100-SXM5-80GB"
 
 def plan(env: dict[str, str], recipe: Path, *args: str,
          code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, "plan", str(recipe), "--json", *args], env=env,
-                          text=True, capture_output=True, timeout=300, check=False)
+    done = run_cli([ENGINECTL, "plan", str(recipe), "--json", *args], env=env, timeout=300)
     assert done.returncode == code, (done.stdout[-2000:], done.stderr)
     return done
 
 
 def build(env: dict[str, str], recipe: Path) -> dict[str, Any]:
     """The build's summary; whether its smokes pass is not what this file tests (exit 5)."""
-    done = subprocess.run([ENGINECTL, "build", str(recipe), "--json"], env=env, text=True,
-                          capture_output=True, timeout=600, check=False)
+    done = run_cli([ENGINECTL, "build", str(recipe), "--json"], env=env, timeout=600)
     assert done.returncode in (0, 5), (done.stdout[-2000:], done.stderr)
     summary: dict[str, Any] = json.loads(done.stdout)
     assert summary["failed"] == 0, summary

@@ -14,23 +14,21 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from registry.store.base import Store
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import make_engine
 from tests.integration.s3server import S3Server
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 TRIALS = 3
 
 
 def _enginectl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     return done
 

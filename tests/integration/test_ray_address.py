@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
+from tests.cli_forkserver import ENGINECTL, run_cli
+
 GUARD_S = 60  # a guard against a hang (Ray's own wait is minutes), not a timing assertion
 
 
@@ -86,8 +85,7 @@ def test_an_address_that_is_not_ray_is_one_line_with_exit_2(
     env |= {"ENGINECTL_HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
     with serve() as port:
         address = f"{scheme}127.0.0.1:{port}"
-        done = subprocess.run([ENGINECTL, "fleet", "--address", address], env=env, text=True,
-                              capture_output=True, timeout=GUARD_S, check=False)
+        done = run_cli([ENGINECTL, "fleet", "--address", address], env=env, timeout=GUARD_S)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"enginectl: error: cannot join the Ray cluster at {address!r}: "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,10 @@ from registry.sql.db import open_registry
 from registry.sql.engine import make_engine
 from registry.sql.lookup import shown
 from registry.sql.schema import HEAD, current, migrations_dir
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import ROOT
 from tests.integration.db_fixtures import stamp
 
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 RECIPE = ROOT / "recipes" / "llama70b-h100.yaml"
 FUTURE_REVISION = "9999_from_a_newer_enginectl"
 
@@ -57,8 +56,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def _run(env: dict[str, str], args: list[str], tmp_path: Path
          ) -> subprocess.CompletedProcess[str]:
     argv = [str(tmp_path / "out") if part == "OUT" else part for part in args]
-    return subprocess.run([ENGINECTL, *argv], env=env, capture_output=True, text=True,
-                          timeout=300, check=False, cwd=tmp_path)
+    return run_cli([ENGINECTL, *argv], env=env, timeout=300, cwd=tmp_path)
 
 
 def _refused(done: subprocess.CompletedProcess[str], *fragments: str) -> str:

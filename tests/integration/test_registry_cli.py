@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from registry.store.base import Store
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import make_engine
 from tests.integration.s3server import S3Server
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 @pytest.fixture
@@ -30,8 +28,7 @@ def env(store: Store, registry_url: str, tmp_path: Path,
 
 
 def run(env: dict[str, str], *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=300)
     assert done.returncode == code, (args, done.stdout, done.stderr)
     if code:
         lines = [line for line in done.stderr.strip().splitlines()

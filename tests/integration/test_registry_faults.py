@@ -7,20 +7,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import make_engine
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ENGINECTL, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return run_cli([ENGINECTL, *args], env=env, timeout=300)
 
 
 @pytest.fixture

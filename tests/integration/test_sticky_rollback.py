@@ -8,7 +8,6 @@ the pin."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from registry.sql.alias_records import get_alias
 from registry.sql.aliases import pinned_by_rollback
 from registry.sql.db import open_registry
 from registry.sql.records import get_status
+from tests.cli_forkserver import run_cli
 from tests.integration.nightly_box import (
     CHECKPOINT_ALIAS,
     ENGINE_ALIAS,
@@ -47,8 +47,7 @@ def rolled(tmp_path: Path, registry_url: str) -> tuple[Box, str, str]:
 
 def nightly(box: Box) -> tuple[dict[str, Any], int]:
     """`nightly --json`'s report and its exit code."""
-    done = subprocess.run([ENGINECTL, "nightly", "--json"], env=box.env, text=True,
-                          capture_output=True, timeout=600, check=False, cwd=box.cwd)
+    done = run_cli([ENGINECTL, "nightly", "--json"], env=box.env, timeout=600, cwd=box.cwd)
     assert done.stdout, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     return report, done.returncode

@@ -30,8 +30,8 @@ from pipeline.stages.timing_cache import NOTE, CacheScope, TimingCache, cache_na
 from registry.gpus import lookup_gpu
 from registry.store.base import Store
 from registry.store.opener import open_store
-from tests.helpers import FAKES, builder_env
-from tests.integration.builds import ENGINECTL, GUARD_S, build, engines, make_model, start
+from tests.helpers import FAKES, builder_env, enginectl
+from tests.integration.builds import GUARD_S, build, engines, make_model, start
 
 FAKE_PYTHON = FAKES / "python"
 
@@ -117,8 +117,7 @@ def planned_engines(env: dict[str, str], recipe: Path) -> set[str]:
 
 
 def log_of(env: dict[str, str], key: str) -> str:
-    done = subprocess.run([ENGINECTL, "logs", key], env=env, capture_output=True, text=True,
-                          timeout=GUARD_S, check=True)
+    done = enginectl(env, "logs", key)
     return done.stdout
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from tests.helpers import RECIPES
+from tests.cli_forkserver import ENGINECTL, run_cli
+from tests.helpers import RECIPES, enginectl
 from tests.models import offline_env
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def test_tiny_recipe_builds_for_real_then_reuses_everything(
@@ -35,8 +33,7 @@ def test_tiny_recipe_builds_for_real_then_reuses_everything(
     env.pop("ENGINECTL_STORE_URL", None)
 
     def build(*args: str) -> dict:
-        done = subprocess.run([ENGINECTL, "build", str(recipe), "--json", *args], env=env,
-                              capture_output=True, text=True, timeout=1800, check=False)
+        done = run_cli([ENGINECTL, "build", str(recipe), "--json", *args], env=env, timeout=1800)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -50,8 +47,7 @@ def test_tiny_recipe_builds_for_real_then_reuses_everything(
     assert first["pending_smoke"] == 2
     assert ("smoke", "built") in built
 
-    listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json"], env=env, check=True,
-                                       capture_output=True, text=True).stdout)
+    listed = json.loads(enginectl(env, "ls", "--json").stdout)
     statuses = {row["kind"]: row["status"] for row in listed}
     assert statuses["vllm"] == "ready"
     assert statuses["trtllm-checkpoint"] == "built"
@@ -73,17 +69,14 @@ def test_tiny_recipe_builds_for_real_then_reuses_everything(
     again = build()
     assert again["built"] == 0
     assert again["reused"] == 7
-    ranked = json.loads(subprocess.run(
-        [ENGINECTL, "resolve", "--model", "tiny-llama", "--gpu", "cpu", "--json"], env=env,
-        check=True, capture_output=True, text=True).stdout)
+    ranked = json.loads(enginectl(env, "resolve", "--model", "tiny-llama", "--gpu", "cpu",
+                                  "--json").stdout)
     assert ranked["candidates"][0]["kind"] == "vllm"
     assert ranked["candidates"][0]["tokens_per_s"] > 0
 
     vllm_entry = ranked["candidates"][0]["digest"]
-    again_smoked = subprocess.run([ENGINECTL, "smoke", vllm_entry, "--json"], env=env,
-                                  capture_output=True, text=True, timeout=1200, check=False)
+    again_smoked = run_cli([ENGINECTL, "smoke", vllm_entry, "--json"], env=env, timeout=1200)
     assert again_smoked.returncode == 0, again_smoked.stderr
     assert json.loads(again_smoked.stdout)["passed"] is True
-    shown = json.loads(subprocess.run([ENGINECTL, "show", vllm_entry, "--json"], env=env,
-                                      check=True, capture_output=True, text=True).stdout)
+    shown = json.loads(enginectl(env, "show", vllm_entry, "--json").stdout)
     assert [r["passed"] for r in shown["smoke_reports"]] == [True, True]

@@ -19,13 +19,13 @@ import yaml
 
 from registry.sql.db import open_registry
 from registry.sql.leases import get_stage_run
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import children_get_default_signals, expect_exit, with_default_signals
 from tests.integration.builds import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
 NODEBIN = Path(__file__).resolve().parent / "nodebin"
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 H100 = "H100-SXM5-80GB"
 DRIVER = "570.124.06"
 GPUS = {  # what each node's nvidia-smi reports
@@ -159,8 +159,7 @@ def fleet_recipe(directory: Path, name: str = "tiny-fleet", **changes: Any) -> P
 
 def enginectl(env: dict[str, str], *args: str, code: int | None = 0,
               timeout: float = RAY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([ENGINECTL, *args], env=env, text=True, capture_output=True,
-                          timeout=timeout, check=False)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=timeout)
     expect_exit(done, code)
     return done
 

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import yaml
 
+from tests.cli_forkserver import ENGINECTL, run_cli
+from tests.helpers import enginectl
 from tests.models import TinyModels
 from tests.processes import TAG, tagged_processes
-
-ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 
 
 def test_a_model_that_cannot_generate_is_quarantined(
@@ -35,20 +33,17 @@ def test_a_model_that_cannot_generate_is_quarantined(
     tag = uuid.uuid4().hex  # inherited by the build's server and all it starts
     env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
            "ENGINECTL_VLLM_PYTHON": str(vllm_python), TAG: tag}
-    done = subprocess.run([ENGINECTL, "build", str(path)], env=env, capture_output=True,
-                          text=True, timeout=1200, check=False)
+    done = run_cli([ENGINECTL, "build", str(path)], env=env, timeout=1200)
     assert done.returncode == 5, (done.stdout, done.stderr)
     assert tagged_processes(tag) == [], "the failed server left processes behind"
     note, line = done.stderr.strip().splitlines()
     assert note.startswith("enginectl: note: using store ")
     assert "quarantined" in line
     assert "ready:" in line
-    listed = json.loads(subprocess.run([ENGINECTL, "ls", "--json", "--kind", "vllm"], env=env,
-                                       check=True, capture_output=True, text=True).stdout)
+    listed = json.loads(enginectl(env, "ls", "--json", "--kind", "vllm").stdout)
     (entry,) = listed
     assert entry["status"] == "quarantined"
-    shown = json.loads(subprocess.run([ENGINECTL, "show", entry["digest"], "--json"], env=env,
-                                      check=True, capture_output=True, text=True).stdout)
+    shown = json.loads(enginectl(env, "show", entry["digest"], "--json").stdout)
     (report,) = shown["smoke_reports"]
     assert report["passed"] is False
     smoked = report["report"]
@@ -58,11 +53,9 @@ def test_a_model_that_cannot_generate_is_quarantined(
     assert "HTTP 500" in smoked["failure"]  # it listened, and its first generation failed
     (ready,) = [c for c in smoked["checks"] if c["name"] == "ready"]
     assert "head_dim" in (ready["evidence"]["cause"] or ""), ready["evidence"]["log_tail"]
-    refused = subprocess.run([ENGINECTL, "resolve", "--model", "broken-llama", "--gpu", "cpu"],
-                             env=env, capture_output=True, text=True, check=False)
+    refused = run_cli([ENGINECTL, "resolve", "--model", "broken-llama", "--gpu", "cpu"], env=env)
     assert refused.returncode == 6  # nothing that serves: not found, not an outage
-    tag = subprocess.run([ENGINECTL, "tag", entry["digest"], "broken/cpu/prod",
-                          "--allow-unready"], env=env, capture_output=True, text=True,
-                         check=False)
+    tag = run_cli([ENGINECTL, "tag", entry["digest"], "broken/cpu/prod",
+                   "--allow-unready"], env=env)
     assert tag.returncode == 2
     assert "quarantined" in tag.stderr
