@@ -47,7 +47,7 @@ from pipeline.settings import Settings
 from registry import logs
 from registry.context import Context
 from registry.ops.fetch import load_manifest
-from registry.ops.fetch_files import fetch_manifest
+from registry.ops.fetch_files import fetch_once
 from registry.ops.publish import publish
 from registry.sql import history, leases, records
 
@@ -337,10 +337,9 @@ class StageWorker:
         if found is not None and found.is_dir():
             return found
         digest = digests[key]
-        target = self.settings.work_dir / "inputs" / digest.removeprefix("sha256:")[:16]
-        if not target.is_dir():
-            fetch_manifest(self.ctx.store, load_manifest(self.ctx, digest), target,
-                           cache=self.ctx.cache)
+        target = fetch_once(self.ctx.store, lambda: load_manifest(self.ctx, digest),
+                            self.settings.work_dir / "inputs" / digest.removeprefix("sha256:")[:16],
+                            cache=self.ctx.cache)
         self.workdirs.fetched(key, target)
         return target
 

@@ -179,7 +179,7 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     from pipeline.planning.toolchain import probe
     from registry.errors import UsageError
     from registry.ops.fetch import load_manifest
-    from registry.ops.fetch_files import fetch_manifest
+    from registry.ops.fetch_files import fetch_once
     from registry.sql import build_inputs, records
     from registry.sql.refs import resolve_ref
 
@@ -205,8 +205,7 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     if (reason := cannot_serve_here(argv, record, here)
             or too_few_gpus(manifest.labels)) is not None:
         raise MachineError(f"cannot smoke {digest} here", reason, _fix(digest, record))
-    if not model_dir.is_dir():
-        fetch_manifest(ctx.store, load_manifest(ctx, source), model_dir, cache=ctx.cache)
+    fetch_once(ctx.store, lambda: load_manifest(ctx, source), model_dir, cache=ctx.cache)
     argv = _with_tokenizer(ctx, tokenizer, argv, model_dir)
     smoke_settings = SmokeSettings()
     if text is not None:  # only the smoke section: the source may not be on this machine
@@ -292,17 +291,17 @@ def _with_tokenizer(ctx: Context, tokenizer: Tokenizer | None, argv: list[str],
     """An engine's *argv* with `--tokenizer <model_dir>/tokenizer`, fetched there from its
     source checkpoint when it does not carry it (one published before engines did)."""
     from registry.identity.manifest import FileEntry, Manifest
-    from registry.ops.fetch_files import fetch_manifest
+    from registry.ops.fetch_files import fetch_once
     from registry.tokenizer import TOKENIZER_DIR
 
     if tokenizer is None:
         return argv
     where = model_dir / TOKENIZER_DIR
-    if tokenizer.source is not None and not where.is_dir():
+    if tokenizer.source is not None:
         files = tuple(FileEntry(e.path.removeprefix(f"{TOKENIZER_DIR}/"), e.size, e.xxh3,
                                 e.sha256) for e in tokenizer.files)
-        fetch_manifest(ctx.store, Manifest(kind="hf-checkpoint", files=files), where,
-                       cache=ctx.cache)
+        fetch_once(ctx.store, lambda: Manifest(kind="hf-checkpoint", files=files), where,
+                   cache=ctx.cache)
     if "--tokenizer" in argv[:-1]:
         at = argv.index("--tokenizer") + 1
         return [*argv[:at], str(where), *argv[at + 1:]]

@@ -8,6 +8,7 @@ failure leaves the target as it was. A target is never one of `protected_places`
 folder above one, nor in a view of the kernel (`check_dest_place`).
 
 What to fetch (a ref, its manifest, its status) is decided before, by `registry.ops.fetch`.
+`fetch_once` places a directory that several processes of one machine share, once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
 from registry.errors import IntegrityError, ManifestError, StoppedError, UsageError
+from registry.filelock import flock
 from registry.identity.digest import Digest, digest_file
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.damage import set_aside_damaged_blob
@@ -242,3 +244,19 @@ def fetch_manifest(
         run.progress.finish()
     pool.shutdown()
     return Fetched(manifest, dest, run.downloaded, manifest.size - run.downloaded)
+
+
+def fetch_once(store: Store, manifest: Callable[[], Manifest], dest: Path, *,
+               cache: BlobCache) -> Path:
+    """*dest*, a directory named by its content that the processes of this machine share (a
+    build's fetched inputs, a smoke's model), holding the files of *manifest()* (read only
+    when it must be fetched). The first process that needs it fetches it while holding the
+    flock of `.DEST.lock` beside it; the others wait, then find it whole (a fetch places all
+    or nothing) and use it as it is. Without the lock, a second builder found the first one's
+    copy placed mid-way and stopped with "not empty", or replaced it while the first one's
+    tool was reading it."""
+    if not dest.is_dir():
+        with flock(dest.parent / f".{dest.name}.lock"):
+            if not dest.is_dir():
+                fetch_manifest(store, manifest(), dest, cache=cache)
+    return dest

@@ -13,8 +13,8 @@ One lock per registry, so it covers every machine that shares the registry and t
   block runs and released by `pg_advisory_unlock*` (or by the server when that connection
   dies with its process). The
   registering transaction itself stays short: it does no store I/O.
-- SQLite (one machine only, like the file): `fcntl.flock` on `<registry file>.gc-lock`
-  beside the database; the kernel drops it when the process dies.
+- SQLite (one machine only, like the file): `registry.filelock.flock` on
+  `<registry file>.gc-lock` beside the database; the kernel drops it when the process dies.
 
 `blocking=False` answers False at once instead of waiting (tests use it to show who holds
 the lock).
@@ -23,13 +23,13 @@ the lock).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 from sqlalchemy import Engine, text
+
+from registry.filelock import flock
 
 GC_LOCK_ID: Final = 0x656E67696E6567  # "engineg": distinct from the migrations' lock id
 SCHEMA_KEY: Final = "SELECT hashtextextended(coalesce(current_schema(), ''), :seed)"
@@ -51,7 +51,7 @@ def hold(engine: Engine, database: Path | None, *, shared: bool,
         with _advisory(engine, shared=shared, blocking=blocking) as held:
             yield held
     elif database is not None:
-        with _flock(lock_path(database), shared=shared, blocking=blocking) as held:
+        with flock(lock_path(database), shared=shared, blocking=blocking) as held:
             yield held
     else:
         yield True
@@ -78,22 +78,3 @@ def _advisory(engine: Engine, *, shared: bool, blocking: bool) -> Iterator[bool]
             raise
         finally:
             connection.close()
-
-
-@contextlib.contextmanager
-def _flock(path: Path, *, shared: bool, blocking: bool) -> Iterator[bool]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        try:
-            fcntl.flock(fd, mode if blocking else mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
