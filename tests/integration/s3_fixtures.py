@@ -35,7 +35,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     try:
         import moto.server  # noqa: F401 - only to know whether it is installed
     except ImportError as exc:
-        _unavailable(f"moto[server] is not installed: {exc}")
+        _unavailable(f"moto's S3 server is not installed (the [test] extra): {exc}")
     try:
         server = start_s3_server(tmp_path_factory.mktemp("s3server"))
     except (S3ServerError, OSError) as exc:
