@@ -9,7 +9,6 @@ one's running tool."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +37,7 @@ def published(tmp_path: Path) -> tuple[Context, Manifest]:
 def waiting_for(lock: Path) -> bool:
     """Whether some process or thread waits for the flock of *lock* (/proc/locks marks a
     blocked request with `->`)."""
-    inode = f":{os.stat(lock).st_ino} "
+    inode = f":{lock.stat().st_ino} "
     return any("->" in line and inode in line
                for line in Path("/proc/locks").read_text().splitlines())
 

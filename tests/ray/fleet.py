@@ -113,6 +113,10 @@ class FakeCluster:
         if not self.nodes:
             args["_system_config"] = {"health_check_period_ms": 500,
                                       "health_check_failure_threshold": 3}
+            # No log monitor (the head's; other nodes have none on one host): it tails every
+            # worker's log for drivers that ask for them, and enginectl's driver does not
+            # (log_to_driver=False): ~65 CPU-s a run, polling.
+            args["include_log_monitor"] = False
         with children_get_default_signals():  # Ray's cancel interrupts with SIGINT
             node = self.cluster.add_node(**args)
         self.nodes[name] = FakeNode(name, directory, node)
