@@ -11,7 +11,6 @@ its own call these; no test imports another's fixture.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import shutil
@@ -24,6 +23,7 @@ from typing import NoReturn
 
 import pytest
 
+from registry.filelock import flock
 from tests.helpers import ROOT
 
 MODEL_TIMEOUT_S = 600  # a guard against a hung child on a loaded machine, not a timing
@@ -62,9 +62,7 @@ def make_tiny_model(out: Path, *extra: str, factory: pytest.TempPathFactory) -> 
     a lock."""
     shared = _run_root(factory) / "tiny-models" / ("-".join(e.strip("-") for e in extra)
                                                     or "default")
-    shared.parent.mkdir(parents=True, exist_ok=True)
-    with (shared.parent / f"{shared.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait for the one making it
+    with flock(shared.parent / f"{shared.name}.lock"):  # the others wait for the one making it
         if not shared.is_dir():
             partial = shared.parent / f"{shared.name}.partial"
             shutil.rmtree(partial, ignore_errors=True)
