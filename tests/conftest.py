@@ -47,6 +47,16 @@ SHARED = frozenset({
 """The costly fixtures shared by several tests (by name; the scope is read from pytest)."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trtllm_serve_memo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the trtllm-serve stand-in remembers the tokenizer and config loads that succeeded
+    (FAKE_TRTLLM_MEMO, one per worker; tests/fakes/transformers_memo.py): ~350 starts import
+    transformers a few times instead of every time, and a load that fails still fails."""
+    memo = tmp_path_factory.mktemp("trtllm-serve-memo")
+    os.environ["FAKE_TRTLLM_MEMO"] = str(memo)
+    return memo
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """scripts/install-vllm's python; the tests that need it skip without it, and fail

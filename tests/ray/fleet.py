@@ -107,6 +107,8 @@ class FakeCluster:
             "AWS_SHARED_CREDENTIALS_FILE": str(directory / "no-aws-credentials"),
             "HF_HUB_OFFLINE": "1",
         }
+        if "FAKE_TRTLLM_MEMO" in os.environ:  # tests/conftest.py: trtllm_serve_memo
+            env["FAKE_TRTLLM_MEMO"] = os.environ["FAKE_TRTLLM_MEMO"]
         args: dict[str, Any] = {"num_cpus": 2, "env_vars": env, "include_dashboard": False}
         if gpu:
             args |= {"num_gpus": gpu["count"], "resources": RESOURCES[name]}

@@ -1,4 +1,7 @@
-"""Smoke serving through the trtllm-serve stand-in, which answers as TensorRT-LLM 1.2 does.
+"""Smoke serving through the trtllm-serve stand-in, which answers as TensorRT-LLM 1.2 does,
+and the stand-in's memo of transformers loads (tests/fakes/transformers_memo.py): a start on
+files that loaded before answers as that load did, chat included, and a file that changed is
+loaded again, through transformers, and fails as transformers fails.
 
 The engines are made by the convert and trtllm-build stand-ins from the argv enginectl emits,
 and served with the argv enginectl emits (pipeline.stages.serve.trtllm_serve_argv) through
@@ -12,6 +15,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings, SmokeSettings, TrtllmServe
@@ -143,3 +148,43 @@ def test_a_pytorch_backend_entry_serves_the_checkpoint(tmp_path: Path) -> None:
     models = report.check("models")
     assert models is not None
     assert models.evidence["ids"] == ["hf-0123abcd"]
+
+
+def run_logged(argv: list[str], engine: Path, where: Path) -> tuple[SmokeReport, str]:
+    """A smoke of *argv*, and the server's log."""
+    where.mkdir()
+    return smoke_it(argv, engine, where), (where / "smoke.log").read_text()
+
+
+def test_a_load_that_succeeded_answers_from_the_memo_and_a_changed_file_loads_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memo = tmp_path / "memo"
+    monkeypatch.setenv("FAKE_TRTLLM_MEMO", str(memo))
+    engine = make_engine(tmp_path / "build")
+    argv = serve_argv(engine, backend="tensorrt")
+
+    first, log = run_logged(argv, engine, tmp_path / "first")
+    assert first.passed, first.failure
+    assert f"tokenizer {engine / 'tokenizer'}, model_type llama" in log
+    remembered = list(memo.glob("*.json"))
+    assert len(remembered) == 1
+
+    # the next start answers from the memo (the model_type it prints is the memo's), and its
+    # chat check renders with the tokenizer, loaded when the chat request came
+    remembered[0].write_text(json.dumps({"model_type": "from-the-memo"}))
+    again, log = run_logged(argv, engine, tmp_path / "again")
+    assert again.passed, again.failure
+    assert "model_type from-the-memo" in log
+    chat = again.check("chat")
+    assert chat is not None
+    assert chat.passed
+
+    # a tokenizer file that changed is a new key: loaded, through transformers, and refused
+    (engine / "tokenizer" / "tokenizer_config.json").write_text("{not json")
+    broken, log = run_logged(argv, engine, tmp_path / "broken")
+    assert broken.failure is not None
+    assert broken.failure.startswith("ready: the server exited with code 1")
+    assert "JSONDecodeError" in log
+    assert "from-the-memo" not in log
+    assert len(list(memo.glob("*.json"))) == 1  # a failed load is not remembered

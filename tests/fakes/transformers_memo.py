@@ -1,0 +1,92 @@
+"""What transformers answered for a tokenizer and a model config, remembered by content.
+
+The trtllm-serve stand-in loads a tokenizer (AutoTokenizer) and a model config
+(PretrainedConfig.get_config_dict, then AutoConfig) with transformers before it listens, as
+the real server does. Importing transformers is ~1 CPU-s of each start, and the suite starts
+the stand-in ~350 times on a handful of distinct tokenizer and config files.
+
+With FAKE_TRTLLM_MEMO=DIR, a load that succeeded is remembered in DIR under a key of
+everything its answer depends on:
+- the transformers version of the Python that loaded it, and the load's options;
+- which directory was read for the tokenizer and which for the config (the same one or not);
+- the name and bytes of every file at the top of those directories, except weights and
+  engines (*.safetensors, *.bin, *.engine, *.pt, *.pth: AutoTokenizer and AutoConfig open
+  none of them; they read config.json, tokenizer*.json, special_tokens_map.json, vocabulary
+  and chat-template files).
+A later start with the same key answers as that load did (the model_type it printed) without
+importing transformers, and loads the tokenizer itself, with transformers, on first use (a
+chat request renders with it). The answer is a function of the key, so it is the answer a
+fresh load would give. A load that failed is never remembered: a directory that does not load
+fails on every start, through transformers. Without FAKE_TRTLLM_MEMO nothing is remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NOT_READ = (".safetensors", ".bin", ".engine", ".pt", ".pth")
+
+
+def _files(directory: Path) -> list[list[str]]:
+    """Name and sha256 of each file at the top of *directory* that transformers may read."""
+    found = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.is_file() and not entry.name.endswith(NOT_READ):
+            found.append([entry.name, hashlib.sha256(Path(entry.path).read_bytes()).hexdigest()])
+    return found
+
+
+def key(version: str, options: dict[str, Any], tokenizer_dir: str, config_dir: str) -> str | None:
+    """The key of a load from these directories; None when one is not a local directory
+    (a hub id is never remembered)."""
+    if not (Path(tokenizer_dir).is_dir() and Path(config_dir).is_dir()):
+        return None
+    same = Path(tokenizer_dir).resolve() == Path(config_dir).resolve()
+    parts = {"transformers": version, "options": options, "same_dir": same,
+             "tokenizer": _files(Path(tokenizer_dir)),
+             "config": None if same else _files(Path(config_dir))}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def recall(memo_dir: str | None, memo_key: str | None) -> dict[str, Any] | None:
+    """The answer remembered under *memo_key*, or None."""
+    if not memo_dir or memo_key is None:
+        return None
+    try:
+        answer: dict[str, Any] = json.loads((Path(memo_dir) / f"{memo_key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return answer
+
+
+def remember(memo_dir: str | None, memo_key: str | None, answer: dict[str, Any]) -> None:
+    """Keep *answer* under *memo_key* (written whole: a reader never sees half of it)."""
+    if not memo_dir or memo_key is None:
+        return
+    Path(memo_dir).mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=memo_dir, prefix=".tmp-")
+    with os.fdopen(fd, "w") as out:
+        json.dump(answer, out)
+    Path(tmp).replace(Path(memo_dir) / f"{memo_key}.json")
+
+
+class LoadedOnUse:
+    """A tokenizer loaded by *load* the first time one of its attributes is asked for."""
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+        self._loaded: Any = None
+        self._lock = threading.Lock()  # the server answers requests on threads
+
+    def __getattr__(self, name: str) -> Any:
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load()
+        return getattr(self._loaded, name)
