@@ -62,6 +62,12 @@ class Settings:
             lease_ttl_s=_seconds(env, "ENGINECTL_LEASE_TTL_S", LEASE_TTL_DEFAULT_S),
         )
 
+    def input_dir(self, digest: str) -> Path:
+        """Where this machine keeps the files of artifact *digest* when a stage or a smoke
+        reads them (work/inputs/<16 hex digits>, shared by its processes:
+        `registry.ops.fetch_files.fetch_once`)."""
+        return self.work_dir / "inputs" / digest.removeprefix("sha256:")[:16]
+
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     text = env.get(name)

@@ -5,8 +5,9 @@
 
 The lock file is made (with its folder) when missing and never removed; the kernel drops the
 lock when its process dies, so a killed holder never blocks the next. Users: the SQLite
-registry's gc lock (`registry.sql.gclock`) and the shared fetches of a work directory
-(`registry.ops.fetch_files.fetch_once`).
+registry's gc lock (`registry.sql.gclock`), the shared fetches of a work directory
+(`registry.ops.fetch_files.fetch_once`) and `serve`'s serving directory
+(`pipeline.deploy.serve`).
 """
 
 from __future__ import annotations

@@ -141,25 +141,19 @@ def _placed_stamps(directory: Path, selection: Selection) -> dict[str, str]:
 def _locked(dest: Path) -> Iterator[None]:
     """Hold an exclusive lock on *dest*'s serving directory: two `serve`s of one digest on a
     node (two replicas sharing a hostPath) pull it once, and never swap it under a server."""
-    import fcntl
-
     from registry.errors import UsageError
+    from registry.filelock import flock
 
     path = dest.parent / f".{dest.name}.lock"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        lock = path.open("a")
-    except OSError as exc:
-        what = "it is a directory" if isinstance(exc, IsADirectoryError) else (
-            exc.strerror or str(exc))
-        raise UsageError(f"serve keeps its lock file at {path}, which cannot be opened: "
-                         f"{what}; remove it, or point ENGINECTL_HOME elsewhere") from exc
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            held.enter_context(flock(path))
+        except OSError as exc:
+            what = "it is a directory" if isinstance(exc, IsADirectoryError) else (
+                exc.strerror or str(exc))
+            raise UsageError(f"serve keeps its lock file at {path}, which cannot be opened: "
+                             f"{what}; remove it, or point ENGINECTL_HOME elsewhere") from exc
+        yield
 
 
 def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,

@@ -338,8 +338,7 @@ class StageWorker:
             return found
         digest = digests[key]
         target = fetch_once(self.ctx.store, lambda: load_manifest(self.ctx, digest),
-                            self.settings.work_dir / "inputs" / digest.removeprefix("sha256:")[:16],
-                            cache=self.ctx.cache)
+                            self.settings.input_dir(digest), cache=self.ctx.cache)
         self.workdirs.fetched(key, target)
         return target
 

@@ -196,7 +196,7 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     if record.status == "deleted":
         raise UsageError(f"{digest} is deleted")
     source = digest if serve.get("model_dir") == "self" else manifest.inputs[0]
-    model_dir = settings.work_dir / "inputs" / source.removeprefix("sha256:")[:16]
+    model_dir = settings.input_dir(source)
     argv = [str(part).replace("{model_dir}", str(model_dir)) for part in serve["argv"]]
     vllm = vllm_form(argv) is not None
     if vllm:
