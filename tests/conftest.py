@@ -38,7 +38,8 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.envir
 
 SHARED = frozenset({
     "ray_cluster",  # tests/ray: four raylets
-    "tiny_model", "fp8_checkpoint",  # tests/quantize: the tiny Llama, a real modelopt export
+    "tiny_model", "fp8_checkpoint",  # tests/quantize, tests/integration: the tiny Llama;
+    # tests/quantize: a real modelopt export
     "tiny_models",  # tests/smoke: the tiny Llamas vLLM serves
     "built",  # tests/deploy/test_vllm_cpu.py: an entry built and pulled
     "seeded",  # tests/integration/test_compare.py: a registry with smoked engines

@@ -22,6 +22,9 @@
                             once, at a max_regression no machine noise can hold
     chromium    (session)   headless Chromium from scripts/install-browser; skips without it,
                             fails under CI=true
+    tiny_model  (module)    scripts/make_tiny_model.py's Llama (made once per run and
+                            copied: tests.models.make_tiny_model), for the engine chat and warm
+                            cache tests
 
 The S3 fixtures above (s3_server to store) are in tests/integration/s3_fixtures.py and the
 registry database's (registry_url, postgres_url, registry) in tests/integration/db_fixtures.py:
@@ -41,7 +44,7 @@ from registry.store.base import Store
 from tests.helpers import ROOT, builder_env
 from tests.integration.nightly_box import Box
 from tests.integration.s3server import S3Server
-from tests.models import unavailable
+from tests.models import make_tiny_model, unavailable
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +89,13 @@ def box(tmp_path: Path, registry_url: str) -> Box:
     built = Box(tmp_path, registry_url, max_regression=0.99)
     built.run("build", str(built.recipe))
     return built
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
+    template, an HF config.json (made here, nothing from a hub)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", factory=tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

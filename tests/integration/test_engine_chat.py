@@ -34,17 +34,9 @@ from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
 from tests.helpers import FAKES, builder_env, fake_gpu
 from tests.helpers import enginectl as cli
-from tests.models import make_tiny_model
 
 SHAPE = {"name": "small", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512}
 START_TIMEOUT_S = 120
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
-    template, an HF config.json (made here, nothing from a hub)."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", factory=tmp_path_factory)
 
 
 @pytest.fixture

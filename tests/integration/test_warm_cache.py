@@ -29,19 +29,11 @@ from registry.sql.db import open_registry
 from registry.sql.records import get_artifact, list_artifacts
 from tests.helpers import builder_env, fake_gpu
 from tests.helpers import enginectl as cli
-from tests.models import make_tiny_model
 
 START_TIMEOUT_S = 120
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/make_tiny_model.py's Llama: a byte-level BPE tokenizer, a Llama-3 chat
-    template, an HF config.json (made here, nothing from a hub)."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", factory=tmp_path_factory)
 
 
 @pytest.fixture
