@@ -13,11 +13,16 @@ everything its answer depends on:
   engines (*.safetensors, *.bin, *.engine, *.pt, *.pth: AutoTokenizer and AutoConfig open
   none of them; they read config.json, tokenizer*.json, special_tokens_map.json, vocabulary
   and chat-template files).
-A later start with the same key answers as that load did (the model_type it printed) without
-importing transformers, and loads the tokenizer itself, with transformers, on first use (a
-chat request renders with it). The answer is a function of the key, so it is the answer a
-fresh load would give. A load that failed is never remembered: a directory that does not load
-fails on every start, through transformers. Without FAKE_TRTLLM_MEMO nothing is remembered.
+A load whose answer may depend on where the files are is never remembered: when config.json
+names no model_type (and, for the tokenizer, tokenizer_config.json no tokenizer_class),
+AutoConfig and AutoTokenizer fall back to model names found in the path
+(configuration_auto.py's AutoConfig.from_pretrained, tokenization_auto.py's
+AutoTokenizer.from_pretrained). A later start with the same key answers as that load did (the
+model_type it printed) without importing transformers, and loads the tokenizer itself, with
+transformers, on first use (a chat request renders with it). The answer is a function of the
+key, so it is the answer a fresh load would give. A load that failed is never remembered: a
+directory that does not load fails on every start, through transformers. Without
+FAKE_TRTLLM_MEMO nothing is remembered.
 """
 
 from __future__ import annotations
@@ -43,10 +48,29 @@ def _files(directory: Path) -> list[list[str]]:
     return found
 
 
+def _typed(directory: Path, *, tokenizer: bool) -> bool:
+    """Whether transformers learns what *directory* holds from its files alone: config.json
+    names a model_type, or (for a tokenizer) tokenizer_config.json names its class."""
+    wanted = {"config.json": "model_type"}
+    if tokenizer:
+        wanted["tokenizer_config.json"] = "tokenizer_class"
+    for name, field in wanted.items():
+        try:
+            data = json.loads((directory / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get(field):
+            return True
+    return False
+
+
 def key(version: str, options: dict[str, Any], tokenizer_dir: str, config_dir: str) -> str | None:
-    """The key of a load from these directories; None when one is not a local directory
-    (a hub id is never remembered)."""
+    """The key of a load from these directories; None when one is not a local directory (a
+    hub id is never remembered) or its answer may depend on its path (module doc)."""
     if not (Path(tokenizer_dir).is_dir() and Path(config_dir).is_dir()):
+        return None
+    if not (_typed(Path(tokenizer_dir), tokenizer=True)
+            and _typed(Path(config_dir), tokenizer=False)):
         return None
     same = Path(tokenizer_dir).resolve() == Path(config_dir).resolve()
     parts = {"transformers": version, "options": options, "same_dir": same,

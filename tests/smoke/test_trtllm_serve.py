@@ -188,3 +188,31 @@ def test_a_load_that_succeeded_answers_from_the_memo_and_a_changed_file_loads_ag
     assert "JSONDecodeError" in log
     assert "from-the-memo" not in log
     assert len(list(memo.glob("*.json"))) == 1  # a failed load is not remembered
+
+
+def test_a_load_that_only_a_path_names_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config.json with no model_type loads only where a model name is in its path
+    (AutoConfig's fallback): such a load is never kept, so the same files elsewhere fail."""
+    memo = tmp_path / "memo"
+    monkeypatch.setenv("FAKE_TRTLLM_MEMO", str(memo))
+    engine = make_engine(tmp_path / "build")
+    untyped = {k: v for k, v in HF_CONFIG.items() if k != "model_type"}
+    named, plain = tmp_path / "llama-tokenizer", tmp_path / "plain-tokenizer"
+    for where in (named, plain):
+        shutil.copytree(engine / "tokenizer", where)
+        (where / "config.json").write_text(json.dumps(untyped))
+    argv = serve_argv(engine, backend="tensorrt")
+    at = argv.index("--tokenizer") + 1
+
+    found, log = run_logged([*argv[:at], str(named), *argv[at + 1:]], engine,
+                            tmp_path / "named")
+    assert found.passed, found.failure
+    assert "model_type llama" in log
+    assert not memo.exists() or not list(memo.glob("*.json"))
+
+    lost, log = run_logged([*argv[:at], str(plain), *argv[at + 1:]], engine, tmp_path / "plain")
+    assert lost.failure is not None
+    assert lost.failure.startswith("ready: the server exited with code 1")
+    assert "no attribute 'model_type'" in log
