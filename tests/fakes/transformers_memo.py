@@ -21,8 +21,12 @@ AutoTokenizer.from_pretrained). A later start with the same key answers as that 
 model_type it printed) without importing transformers, and loads the tokenizer itself, with
 transformers, on first use (a chat request renders with it). The answer is a function of the
 key, so it is the answer a fresh load would give. A load that failed is never remembered: a
-directory that does not load fails on every start, through transformers. Without
-FAKE_TRTLLM_MEMO nothing is remembered.
+directory that does not load fails on every start, through transformers. The same holds one
+level down: a chat request rendered by the tokenizer of a remembered load is remembered under
+that load's key, the request as sent and the jinja2 version (`question`), so the same request
+to the same files later answers without loading the tokenizer (~0.8 CPU-s), and a rendering
+that failed (no chat template, a template error) fails through transformers every time.
+Without FAKE_TRTLLM_MEMO nothing is remembered.
 """
 
 from __future__ import annotations
@@ -77,6 +81,14 @@ def key(version: str, options: dict[str, Any], tokenizer_dir: str, config_dir: s
              "tokenizer": _files(Path(tokenizer_dir)),
              "config": None if same else _files(Path(config_dir))}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def question(memo_key: str | None, asked: dict[str, Any]) -> str | None:
+    """The key of a question asked of a remembered load (a chat request to render): the
+    load's key and the question as given (its keys in their order). None without a load key."""
+    if memo_key is None:
+        return None
+    return hashlib.sha256(json.dumps([memo_key, asked]).encode()).hexdigest()
 
 
 def recall(memo_dir: str | None, memo_key: str | None) -> dict[str, Any] | None:

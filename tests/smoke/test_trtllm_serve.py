@@ -156,6 +156,20 @@ def run_logged(argv: list[str], engine: Path, where: Path) -> tuple[SmokeReport,
     return smoke_it(argv, engine, where), (where / "smoke.log").read_text()
 
 
+def remembered(memo: Path) -> tuple[list[Path], list[Path]]:
+    """The memo's entries: loads (a model_type) and chat renderings (a text)."""
+    entries = sorted(memo.glob("*.json"))
+    loads = [p for p in entries if "model_type" in json.loads(p.read_text())]
+    return loads, [p for p in entries if p not in loads]
+
+
+def chat_content(report: SmokeReport) -> str:
+    chat = report.check("chat")
+    assert chat is not None
+    assert chat.passed
+    return str(chat.evidence["content"])
+
+
 def test_a_load_that_succeeded_answers_from_the_memo_and_a_changed_file_loads_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,18 +181,27 @@ def test_a_load_that_succeeded_answers_from_the_memo_and_a_changed_file_loads_ag
     first, log = run_logged(argv, engine, tmp_path / "first")
     assert first.passed, first.failure
     assert f"tokenizer {engine / 'tokenizer'}, model_type llama" in log
-    remembered = list(memo.glob("*.json"))
-    assert len(remembered) == 1
+    loads, renderings = remembered(memo)
+    assert len(loads) == 1
+    assert len(renderings) == 1  # the chat check's one request
 
-    # the next start answers from the memo (the model_type it prints is the memo's), and its
-    # chat check renders with the tokenizer, loaded when the chat request came
-    remembered[0].write_text(json.dumps({"model_type": "from-the-memo"}))
+    # the next start answers from the memo: the model_type it prints, and the chat prompt the
+    # fake generates from, are the memo's
+    loads[0].write_text(json.dumps({"model_type": "from-the-memo"}))
+    renderings[0].write_text(json.dumps({"text": "a prompt from the memo"}))
     again, log = run_logged(argv, engine, tmp_path / "again")
     assert again.passed, again.failure
     assert "model_type from-the-memo" in log
-    chat = again.check("chat")
-    assert chat is not None
-    assert chat.passed
+    assert chat_content(again) != chat_content(first)
+
+    # without the rendering, the chat request loads the tokenizer when it comes, renders as
+    # the first start did, and is remembered again
+    renderings[0].unlink()
+    fresh, log = run_logged(argv, engine, tmp_path / "fresh")
+    assert fresh.passed, fresh.failure
+    assert "model_type from-the-memo" in log
+    assert chat_content(fresh) == chat_content(first)
+    assert len(remembered(memo)[1]) == 1
 
     # a tokenizer file that changed is a new key: loaded, through transformers, and refused
     (engine / "tokenizer" / "tokenizer_config.json").write_text("{not json")
@@ -187,7 +210,30 @@ def test_a_load_that_succeeded_answers_from_the_memo_and_a_changed_file_loads_ag
     assert broken.failure.startswith("ready: the server exited with code 1")
     assert "JSONDecodeError" in log
     assert "from-the-memo" not in log
-    assert len(list(memo.glob("*.json"))) == 1  # a failed load is not remembered
+    assert [len(kept) for kept in remembered(memo)] == [1, 1]  # a failed load is not kept
+
+
+def test_a_chat_request_that_fails_to_render_is_never_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokenizer without a chat template refuses the chat check on every start, as
+    TRT-LLM's server does, memo or not."""
+    memo = tmp_path / "memo"
+    monkeypatch.setenv("FAKE_TRTLLM_MEMO", str(memo))
+    engine = make_engine(tmp_path / "build")
+    config_path = engine / "tokenizer" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    (engine / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
+    argv = serve_argv(engine, backend="tensorrt")
+    for attempt in ("first", "again"):
+        report, _ = run_logged(argv, engine, tmp_path / attempt)
+        chat = report.check("chat")
+        assert chat is not None
+        assert not chat.passed
+        assert "No chat template found" in chat.message
+        assert [len(kept) for kept in remembered(memo)] == [1, 0]
 
 
 def test_a_load_that_only_a_path_names_is_not_kept(
