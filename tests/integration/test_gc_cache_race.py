@@ -118,13 +118,15 @@ def test_gc_at_grace_zero_removes_the_cache_temp_file_of_a_killed_fetch(
         try:
             assert proxy.holding.wait(120)
             shard = tmp_path / "cache" / "xxh3-128" / rank1.xxh3.hex[:2]
+            # rank1's fill; another file's fill in flight lands here too when its random
+            # bytes hash to the same first byte (~1 % of runs)
             stalled = list(shard.glob(".tmp-*"))
-            assert len(stalled) == 1
+            assert stalled
         finally:
             fetching.kill()
             fetching.wait(60)
     left = list((tmp_path / "cache").rglob(".tmp-*"))  # its other fills in flight, too
-    assert stalled[0] in left  # nothing cleaned up after the kill
+    assert set(stalled) & set(left)  # rank1's: nothing cleaned up after the kill
     done = run_cli([ENGINECTL, "gc", "--grace", "0s", "--json"],
                    env=_env(tmp_path, store_url, s3_server.endpoint_url), timeout=300)
     assert done.returncode == 0, (done.stdout, done.stderr)
