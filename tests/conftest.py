@@ -36,6 +36,11 @@ pytest_plugins = ("tests.integration.s3_fixtures", "tests.integration.db_fixture
 # calls), and trtllm-serve's stand-in starts twice (it re-runs itself under a Python with
 # transformers). Set here, before any test or worker builds an environment from os.environ.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+# torch's OpenMP threads (the quantizer, the tiny models, vLLM) spin for a while when idle,
+# waiting for the next parallel region: on 2 cores shared by 4 workers that spinning is CPU the
+# others need (a loaded INT4-AWQ export: 11-12 CPU-s passive against 13-18 spinning, same
+# thread count, same numbers). Idle threads sleep instead.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SHARED = frozenset({
     "ray_cluster",  # tests/ray: four raylets
