@@ -225,7 +225,6 @@ def test_a_chat_request_that_fails_to_render_is_never_kept(
     config = json.loads(config_path.read_text())
     config.pop("chat_template", None)
     config_path.write_text(json.dumps(config))
-    (engine / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
     argv = serve_argv(engine, backend="tensorrt")
     for attempt in ("first", "again"):
         report, _ = run_logged(argv, engine, tmp_path / attempt)
