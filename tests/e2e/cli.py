@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import ROOT
 
 GOOD_RECIPE = Path("recipes") / "llama70b-h100.yaml"
@@ -15,17 +15,12 @@ PREFIX = "enginectl: error: "
 
 
 def enginectl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a fresh process, from the repository root, offline, with its own home."""
+    """The installed CLI as a fresh process runs it (through this worker's fork server,
+    tests/cli_forkserver.py), from the repository root, offline, with its own home.
+    `python -m pipeline.cli` is the same entry point (test_python_m_pipeline_cli_runs_it)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENGINECTL_HOME": str(home)}
     env.pop("ENGINECTL_WORK_DIR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_cli([ENGINECTL, *args], cwd=ROOT, env=env)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:

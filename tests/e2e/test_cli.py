@@ -199,3 +199,22 @@ def test_a_bad_lease_ttl_is_a_usage_error(tmp_path: Path) -> None:
     (line,) = done.stderr.splitlines()
     assert line == (f"{PREFIX}ENGINECTL_LEASE_TTL_S='soon': expected seconds between 0.5 and "
                     "86400, e.g. 120")
+
+
+def test_python_m_pipeline_cli_runs_it(tmp_path: Path) -> None:
+    """`python -m pipeline.cli` is the console script: the same plan, the same one-line error
+    (the other end-to-end tests run the installed `enginectl`)."""
+    def both(*args: str) -> list[tuple[int, str, str]]:
+        module = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT,
+                                env=env_for(tmp_path), capture_output=True, text=True,
+                                check=False, timeout=60)
+        script = run(tmp_path, *args)
+        return [(done.returncode, done.stdout, done.stderr) for done in (module, script)]
+
+    module, script = both("plan", str(GOOD_RECIPE), "--json")
+    assert module == script
+    assert module[0] == 0
+    module, script = both("plan", "recipes/missing.yaml")
+    assert module == script
+    assert module[0] == 2
+    assert module[2].startswith(PREFIX)
