@@ -74,6 +74,22 @@ PRELOAD = (
     "pipeline.nightly.report",
     "pipeline.deploy.pull",
     "pipeline.deploy.serve",
+    # what a third or more of the runs imported after the fork (measured over the integration,
+    # e2e and deploy tests): PostgreSQL's driver (~50 ms, in every run on PostgreSQL), the S3
+    # store's modules, the smoke's and the executors'
+    "psycopg",
+    "sqlalchemy.dialects.postgresql.psycopg",
+    "registry.store.s3store",
+    "registry.store.s3get",
+    "registry.store.s3splice",
+    "registry.sql.warm_lookup",
+    "pipeline.serving.smoke",
+    "pipeline.executors.preview",
+    "pipeline.executors.noop",
+    "pipeline.deploy.fetch",
+    "pipeline.cli.progress",
+    "difflib",
+    "encodings.idna",
 )
 # Libraries that read the environment when imported (huggingface_hub's HF_HUB_OFFLINE, Ray's
 # and torch's settings): a server that had imported them would hand every run the server's
@@ -188,7 +204,9 @@ def serve(path: str) -> None:
 
 # -- the client, in the pytest worker -----------------------------------------------------------
 
-INTERPRETER_SETTINGS = ("PYTHON", "LANG", "LC_")
+# Settings read when a preloaded module is imported (the interpreter's, the locale's, psycopg's
+# PSYCOPG_IMPL and PSYCOPG_WAIT_FUNC): each set of values gets a server of its own.
+INTERPRETER_SETTINGS = ("PYTHON", "LANG", "LC_", "PSYCOPG_")
 _servers: dict[tuple[tuple[str, str], ...], str] = {}
 _starting = threading.Lock()
 
