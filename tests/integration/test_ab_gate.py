@@ -20,6 +20,8 @@ from registry.sql.alias_records import alias_history, get_alias
 from registry.sql.db import open_registry
 from tests.integration.nightly_box import ENGINE_ALIAS, ENGINE_TARGET, NEW, Box, target
 
+pytestmark = pytest.mark.waits  # on a slowed stand-in server: spread (tests/conftest.py)
+
 FAST, SLOW = "0.02", "0.06"  # seconds a token
 # what the gate and the alarm allow: far from a 3x slowdown (67% slower), and wide enough for
 # what a busy test machine adds to a request (HTTP, threads) beside the stand-in's delay

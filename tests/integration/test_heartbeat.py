@@ -55,6 +55,8 @@ from tests.integration.builds import (
 from tests.integration.db_fixtures import POSTGRES_URL
 from tests.integration.engines import make_engine
 
+pytestmark = pytest.mark.waits  # on lease time-outs and dropped connections: spread (conftest)
+
 
 def release(fifo: Path) -> None:
     """Let the stand-in trtllm-build waiting on *fifo* go on (nothing, when none reads it)."""

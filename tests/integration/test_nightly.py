@@ -41,6 +41,8 @@ from tests.integration.nightly_box import (
     target,
 )
 
+pytestmark = pytest.mark.waits  # on a slowed stand-in server: spread (tests/conftest.py)
+
 # the CUDA each driver runs (its branch's, in nvidia-smi's banner) moves with it; no key takes it
 DRIVER_CUDA_BUMP = {"field": "driver_cuda", "old": "12.8", "new": "12.9"}
 

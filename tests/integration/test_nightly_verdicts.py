@@ -31,6 +31,8 @@ from registry.sql.records import list_artifacts
 from tests.integration.browser import browse
 from tests.integration.nightly_box import ENGINE_TARGET, NEW, NEWER, OLD, Box, target
 
+pytestmark = pytest.mark.waits  # on a slowed stand-in server: spread (tests/conftest.py)
+
 CHECKPOINT_TARGET = ENGINE_TARGET.replace("/trtllm", "/trtllm-pytorch")
 BASE, SLOWER = "0.002", {"FAKE_OPENAI_TOKEN_DELAY_S": "0.1"}
 
