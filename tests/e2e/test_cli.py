@@ -17,21 +17,12 @@ import pytest
 
 from pipeline.cli import main
 from tests.cli_forkserver import ENGINECTL, run_cli
-from tests.e2e.cli import GOOD_RECIPE, PREFIX
+from tests.e2e.cli import GOOD_RECIPE, PREFIX, env_for
+from tests.e2e.cli import enginectl as run
 from tests.helpers import ROOT
 
 PIPE_BYTES = 4096  # the smallest pipe Linux makes: the writer blocks after one page
 RUNS = 5
-
-
-def env_for(home: Path) -> dict[str, str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENGINECTL_HOME": str(home)}
-    env.pop("ENGINECTL_WORK_DIR", None)
-    return env
-
-
-def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli([ENGINECTL, *args], cwd=ROOT, env=env_for(home), timeout=120)
 
 
 def read_then_close(home: Path, args: list[str], lines: int) -> tuple[int, str]:
