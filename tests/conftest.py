@@ -41,6 +41,14 @@ os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.envir
 # others need (a loaded INT4-AWQ export: 11-12 CPU-s passive against 13-18 spinning, same
 # thread count, same numbers). Idle threads sleep instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# vLLM's CPU build starts three processes per server by default: the API server, its engine
+# core and the engine's model worker (the CPU platform turns vLLM's uni-process executor into
+# its multiprocess one while VLLM_ENABLE_V1_MULTIPROCESSING is on: vllm/platforms/cpu.py,
+# check_and_update_config), each importing torch and vLLM (~10 CPU-s, ~11 starts a run). Off
+# (vLLM's own setting), the worker runs inside the engine core: still a real server, still a
+# group of two processes for enginectl to stop. tests/deploy/test_vllm_cpu.py's SIGTERM test
+# turns it back on, so the default layout stays tested.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 SHARED = frozenset({
     "ray_cluster",  # tests/ray: four raylets

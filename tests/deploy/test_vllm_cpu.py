@@ -165,7 +165,10 @@ def test_serve_answers_and_sigterm_stops_it_and_its_children(
     port = free_port()
     tag = uuid.uuid4().hex
     env = {**node_env(built, tag), "ENGINECTL_HOME": built.env["ENGINECTL_HOME"],
-           "ENGINECTL_VLLM_PYTHON": built.env["ENGINECTL_VLLM_PYTHON"]}
+           "ENGINECTL_VLLM_PYTHON": built.env["ENGINECTL_VLLM_PYTHON"],
+           # vLLM's default layout (tests/conftest.py turns it off): the worker in a process
+           # of its own, beside the engine core
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     serve = subprocess.Popen(with_default_signals([
         ENGINECTL, "serve", "--model", "tiny-llama", "--gpu", "cpu", "--host", "127.0.0.1",
         "--port", str(port)]), cwd=tmp_path,
@@ -176,7 +179,8 @@ def test_serve_answers_and_sigterm_stops_it_and_its_children(
     status, answer = complete(port, PROMPTS[0])
     assert status == 200
     assert answer["choices"][0]["text"] == built.reference[0]
-    assert len(tagged_processes(tag)) >= 2  # enginectl, vLLM's server and its engine core
+    # enginectl, vLLM's server, its engine core and the engine's worker
+    assert len(tagged_processes(tag)) >= 4
     serve.send_signal(signal.SIGTERM)  # to enginectl alone: it passes it on
     _, stderr = serve.communicate(timeout=READY_TIMEOUT_S)
     assert serve.returncode == 0, stderr  # vLLM shuts down cleanly on SIGTERM
