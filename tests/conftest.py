@@ -1,13 +1,14 @@
 """How the suite shares its costly fixtures when pytest-xdist runs it on several workers.
 
 scripts/test runs `pytest -n 4 --dist loadgroup`: tests are spread one by one over the workers,
-except those in one `xdist_group`, which run on one worker. A module- or session-scoped fixture
-is made once per worker that asks for it, and a few cost tens of seconds each (a Ray cluster,
-the tiny Llama and its quantized checkpoints, a vLLM model, a built wheel). Every test that uses
-one of those is put in the group named after it (where it is defined, and its name), so it is
-made once. A test that uses several goes with the session-scoped one, the most widely shared.
-A module that names its own `xdist_group` keeps it: the Ray modules are split into two groups,
-each on its own worker with its own cluster, so that neither half waits for the other.
+except those in one `xdist_group`, which run on one worker. A module-, package- or
+session-scoped fixture is made once per worker that asks for it, and a few cost tens of seconds
+each (a Ray cluster, the tiny Llama and its quantized checkpoints, a vLLM model, a built
+wheel). Every test that uses one of those is put in the group named after it (where it is
+defined, and its name), so it is made once. A test that uses several goes with the
+session-scoped one, the most widely shared. A module that names its own `xdist_group` keeps it:
+the Ray modules are split into two groups, each on its own worker with its own cluster, so that
+neither half waits for the other.
 
 Fixtures used in more than one folder are defined here or in the plugins below, never imported
 by a test module: the S3 servers, buckets and stores (tests/integration/s3_fixtures.py), the
@@ -93,7 +94,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         shared = []
         for name in SHARED.intersection(getattr(item, "fixturenames", ())):
             fixture = definitions.name2fixturedefs[name][-1]  # the one this test gets
-            if fixture.scope in ("session", "module"):
+            if fixture.scope in ("session", "package", "module"):
                 shared.append((fixture.scope != "session", fixture.baseid, name))
         if shared and item.get_closest_marker("xdist_group") is None:  # a module may choose
             _, where, name = min(shared)

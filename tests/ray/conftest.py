@@ -1,6 +1,9 @@
 """A real local Ray cluster for the fleet tests, started once per xdist worker that runs them
 (the Ray modules are two xdist groups, `tests/ray::ray_cluster-1` and `-2`, so two workers each
-start one and run their halves side by side; one at a time without xdist).
+start one and run their halves side by side; one at a time without xdist). It is scoped to this
+package, so it stops when its worker moves on to other tests: an idle cluster's raylets, GCS
+and agents poll (~2.8 CPU-s a minute here), and a session-scoped one idled from its group's
+last test to the end of the run (~10 minutes for each of the two).
 
 `ray.cluster_utils.Cluster` starts real raylets (their own processes, on this machine):
 
@@ -32,7 +35,7 @@ from tests.integration.s3server import CLEARED, CREDENTIALS, S3Server
 from tests.ray.fleet import SECRET, FakeCluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeCluster]:
     from ray.cluster_utils import Cluster
 
