@@ -30,3 +30,15 @@ def tagged_processes(tag: str) -> list[int]:
         if needle in environ.split(b"\0"):
             found.append(int(entry.name))
     return found
+
+
+def process_names(pids: list[int]) -> list[str]:
+    """The kernel's name (/proc/PID/comm) of each of *pids* still running: vLLM names its
+    processes (`VLLM::EngineCore`, `VLLM::Worker`, cut to 15 bytes)."""
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except OSError:
+            continue
+    return names
