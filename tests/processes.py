@@ -32,13 +32,14 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-def process_names(pids: list[int]) -> list[str]:
-    """The kernel's name (/proc/PID/comm) of each of *pids* still running: vLLM names its
-    processes (`VLLM::EngineCore`, `VLLM::Worker`, cut to 15 bytes)."""
-    names = []
+def process_titles(pids: list[int]) -> list[str]:
+    """The command line (/proc/PID/cmdline) of each of *pids* still running, its arguments
+    joined by spaces: vLLM titles its processes `VLLM::EngineCore`, `VLLM::Worker` there."""
+    titles = []
     for pid in pids:
         try:
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-    return names
+        titles.append(raw.replace(b"\0", b" ").decode(errors="replace").strip())
+    return titles

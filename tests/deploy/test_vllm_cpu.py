@@ -36,7 +36,7 @@ from pipeline.serving.server import free_port
 from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import RECIPES, with_default_signals
 from tests.models import make_tiny_model, offline_env, require
-from tests.processes import TAG, process_names, tagged_processes
+from tests.processes import TAG, process_titles, tagged_processes
 from tests.smoke.transformers_reference import MAX_TOKENS, PROMPTS, transformers_greedy
 
 pytestmark = pytest.mark.slow
@@ -179,8 +179,8 @@ def test_serve_answers_and_sigterm_stops_it_and_its_children(
     status, answer = complete(port, PROMPTS[0])
     assert status == 200
     assert answer["choices"][0]["text"] == built.reference[0]
-    names = process_names(tagged_processes(tag))  # enginectl, vLLM's server and its children
-    assert any(name.startswith("VLLM::Worker") for name in names), names  # its own process
+    titles = process_titles(tagged_processes(tag))  # enginectl, vLLM's server, its children
+    assert any(title.startswith("VLLM::Worker") for title in titles), titles  # its own process
     serve.send_signal(signal.SIGTERM)  # to enginectl alone: it passes it on
     _, stderr = serve.communicate(timeout=READY_TIMEOUT_S)
     assert serve.returncode == 0, stderr  # vLLM shuts down cleanly on SIGTERM
