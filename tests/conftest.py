@@ -50,6 +50,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # group of two processes for enginectl to stop. tests/deploy/test_vllm_cpu.py's SIGTERM test
 # turns it back on, so the default layout stays tested.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM titles its engine core and worker with setproctitle, which by default writes the title
+# over the process's environment block too, where /proc/PID/environ reads it: the TAG that
+# tests/processes.py's `tagged_processes` looks for vanished from them, so a leaked engine core
+# went unseen. SPT_NOENV (setproctitle's own setting) keeps the environment intact.
+os.environ.setdefault("SPT_NOENV", "1")
 
 SHARED = frozenset({
     "ray_cluster",  # tests/ray: four raylets
