@@ -27,6 +27,7 @@ import pytest
 
 from tests.helpers import ROOT
 from tests.models import unavailable
+from tests.ordering import spread_waiting
 
 pytest_plugins = ("tests.integration.s3_fixtures", "tests.integration.db_fixtures")
 
@@ -104,32 +105,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if shared and item.get_closest_marker("xdist_group") is None:  # a module may choose
             _, where, name = min(shared)
             item.add_marker(pytest.mark.xdist_group(f"{where or 'tests'}::{name}"))
-    _spread_waiting(items)
-
-
-def _spread_waiting(items: list[pytest.Item]) -> None:
-    """Spread the tests marked `waits` evenly through the run's order. xdist hands tests out
-    in this order, so next to each other they ran on all four workers at once and left the
-    cores idle (~25 % for two minutes); spread, each waits beside tests that use the CPU
-    (idle after set-up: 71-80 CPU-s in a run before, 54 after)."""
-    waiting = [item for item in items if item.get_closest_marker("waits") is not None]
-    if not waiting:
-        return
-    rest = [item for item in items if item.get_closest_marker("waits") is None]
-    # over the tests before tests/unit, which come last and take milliseconds each: spread
-    # among them too, the last waiting tests would again run side by side at the end
-    slow = sum(1 for item in rest if not item.nodeid.startswith("tests/unit/"))
-    step = slow / (len(waiting) + 1)
-    before: dict[int, list[pytest.Item]] = {}  # by the index in *rest* each goes before
-    for number, item in enumerate(waiting, start=1):
-        before.setdefault(int(number * step), []).append(item)
-    spread: list[pytest.Item] = []
-    for index, item in enumerate(rest):
-        spread.extend(before.pop(index, []))
-        spread.append(item)
-    for left in before.values():
-        spread.extend(left)
-    items[:] = spread
+    items[:] = spread_waiting(
+        items, waits=lambda item: item.get_closest_marker("waits") is not None,
+        quick=lambda item: item.nodeid.startswith("tests/unit/"))
 
 
 _UNGROUPED = pytest.StashKey[str]()
