@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def test_a_second_fetcher_waits_for_the_first_and_uses_its_copy(tmp_path: Path) 
 
     with ThreadPoolExecutor(1) as pool, flock(lock):  # the first fetcher, mid-way
         second = pool.submit(fetch_once, ctx.store, manifest_read, dest, cache=ctx.cache)
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing
         while not waiting_for(lock):
             assert not second.done(), second.result()  # it must wait, not fetch or fail
+            assert time.monotonic() < deadline, "the second fetcher never asked for the lock"
+            time.sleep(0.01)  # and leave the core to it
         dest.mkdir()  # the first one's copy, placed whole
         (dest / "placed-by").write_text("the first fetcher")
     assert second.result(timeout=60) == dest
