@@ -1,4 +1,4 @@
-"""The README and docs/ (issue 24, part 6): every relative link resolves to a file, and a
+"""The README and docs/: every relative link resolves to a file, and a
 `#fragment` to a heading of it (GitHub's slugs); every `enginectl …` command they show, in a
 code block or in inline code, names a real command and real options of the click tree the
 console script runs (walked here, never listed by hand); the README stays a ten-minute read.
@@ -267,6 +267,43 @@ def test_the_checks_see_what_the_pages_hold() -> None:
     assert sum(1 for page in pages for _ in links(page)) > 30
     named = {args[0] for args in shown if args}
     assert set(main.commands) <= named, set(main.commands) - named
+
+
+OWN_ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+UPSTREAM = ("torch-tensorrt", "tensorrt-llm", "tensorrt", "vllm", "ray", "litellm", "kuberay",
+            "modelopt", "transformers", "pytorch", "github.com")
+STANDALONE_PAGES = [*PAGES, ROOT / "bench" / "README.md"]
+
+
+def outside_references(name: str, text: str) -> list[str]:
+    """What on one page points at `../shared` or names one of our own issues: a reader of the
+    checkout has neither the folder beside it nor the tracker (links that leave the repository
+    are `broken_links`'s to catch). An upstream project's issue, named just before it, is a
+    public reference and may stay."""
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if "../shared" in line:
+            problems.append(f"{name}:{number}: points at ../shared, outside the repository")
+        for match in OWN_ISSUE.finditer(line):
+            before = line[max(0, match.start() - 40):match.start()].lower()
+            if not any(upstream in before for upstream in UPSTREAM):
+                problems.append(f"{name}:{number}: names an issue ({match.group(0)!r})")
+    return problems
+
+
+@pytest.mark.parametrize("path", STANDALONE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_page_stands_on_its_own(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert outside_references(str(path.relative_to(ROOT)), text) == []
+
+
+def test_a_page_pointing_outside_is_caught() -> None:
+    text = ("See `../shared/DESIGN.md`; as issue 24 said (issues #7).\n"
+            "Torch-TensorRT issue 3255 saw zeros.\n")
+    problems = outside_references("docs/x.md", text)
+    assert problems == ["docs/x.md:1: points at ../shared, outside the repository",
+                        "docs/x.md:1: names an issue ('issue 24')",
+                        "docs/x.md:1: names an issue ('issues #7')"], problems
 
 
 def test_the_readme_is_a_ten_minute_read() -> None:
