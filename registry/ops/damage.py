@@ -1,39 +1,78 @@
 """Damaged objects are taken out of the way, so that the next publish of their content heals
-the store.
+the store; a good object is never taken for one.
 
 A blob whose bytes do not hash to its digest (a flipped byte, a truncation) or a manifest
 whose bytes are not its sha256 stays damaged forever if it is left in place: publish trusts
 a blob of the right size and would never upload it again. What a fetch or `fsck --repair`
 finds damaged is therefore moved under `damaged/<at>-<token>/<its key>` (layout in
-`registry.identity.layout`; gc removes it once older than its grace period), after the damage is
-proven, by bytes alone: two whole reads whose bytes hash to the same wrong digest (a network
-that corrupted one transfer must not cost a good blob). What a read says about the bytes
-without hashing them (a size in a Content-Range or a HEAD, a short file) is a suspicion
-that sends the blob to be read whole again, with no size assumed; a read that fails for any
-other reason (a transport or protocol fault, the object gone meanwhile) proves nothing, and
-the blob stays. Nothing here imports SQLAlchemy: fetch uses it.
+`registry.identity.layout`; gc removes it once older than its grace period), once the damage
+is shown from the store's side: the object is read back whole by a path other than the
+failing one (`Store.read_back`), and the store vouches that the bytes that fail are the ones
+it holds (the checksum S3 computed when they were written; the file itself, for a file
+store). One client's reads alone prove nothing: a network path that flips a byte in every
+answer gives the same wrong bytes each time, and had four good objects set aside, after
+which every node's fetch said "not found". What a read says without hashing (a size in a
+Content-Range or a HEAD, a short file) only sends the object to be read back. `judge` is
+the one function that decides; everything here acts on its verdict. Nothing here imports
+SQLAlchemy: fetch uses it.
 """
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Literal
 
 from registry.errors import IntegrityError, NotFoundError, StoreError
 from registry.identity.digest import Digest
 from registry.identity.layout import (
     DAMAGED,
     DamagedName,
-    blob_name,
     damaged_name,
     manifest_name,
     parse_damaged_name,
 )
-from registry.store.base import ObjectInfo, Store
+from registry.store.base import ObjectInfo, ReadBack, Store
+
+Verdict = Literal["damaged", "intact", "transfer", "unproven"]
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """What a read back of a suspect object showed: *verdict*, and *why* in a few words."""
+
+    verdict: Verdict
+    why: str
+
+
+def judge(expected: Digest, reading: ReadBack | None, failure: str = "") -> Judgement:
+    """The verdict on a stored object that failed a read: "damaged" only when the bytes
+    read back fail *expected* and the store vouches for them; "intact" when they hash
+    right (the failing read was corrupted on the way); "transfer" when the store's own
+    checksum says they changed on the way; "unproven" when the store keeps no checksum to
+    compare with, or the read back failed (*reading* None, *failure* says how). Pure."""
+    if reading is None:
+        return Judgement("unproven", f"reading it back failed: {failure}")
+    if reading.digest == expected:
+        return Judgement("intact", "read back whole, its bytes hash right")
+    if reading.vouch == "stored":
+        return Judgement("damaged", f"read back, it hashes to {reading.digest} and "
+                                    f"{reading.evidence}")
+    if reading.vouch == "altered":
+        return Judgement("transfer", f"read back, {reading.evidence}")
+    return Judgement("unproven", f"read back, it hashes to {reading.digest} but "
+                                 f"{reading.evidence}")
+
+
+def judge_object(store: Store, key: str, expected: Digest) -> Judgement:
+    """`judge` the object at *key* after reading it back from *store*."""
+    try:
+        reading = store.read_back(key, expected.algorithm)
+    except (NotFoundError, StoreError) as exc:
+        return judge(expected, None, str(exc))
+    return judge(expected, reading)
 
 
 def set_aside(store: Store, key: str, *, now: datetime | None = None) -> str | None:
@@ -42,58 +81,38 @@ def set_aside(store: Store, key: str, *, now: datetime | None = None) -> str | N
     return aside if store.move_object(key, aside) else None
 
 
-def read_whole(store: Store, digest: Digest) -> Digest | None:
-    """The digest the blob's bytes hash to on one fresh read of the whole object, no size
-    assumed (*digest* when they check out); None when the read hashed nothing: the blob
-    is gone, or the transport or the protocol failed."""
-    with tempfile.TemporaryDirectory(prefix="enginectl-recheck-") as scratch:
-        try:
-            store.get_blob(digest, Path(scratch) / "blob")
-        except IntegrityError as again:
-            return again.actual
-        except (NotFoundError, StoreError):
-            return None
-    return digest
+def set_aside_damaged(store: Store, key: str, expected: Digest) -> tuple[Judgement, str | None]:
+    """The verdict on the object at *key*, and where it was set aside when damaged."""
+    judgement = judge_object(store, key, expected)
+    return judgement, set_aside(store, key) if judgement.verdict == "damaged" else None
 
 
-def blob_is_damaged(store: Store, digest: Digest, first: IntegrityError | None = None) -> bool:
-    """Whether the blob really is damaged: when two whole fresh reads hash its bytes to the
-    same wrong digest. *first*, the IntegrityError of an earlier read, counts as one when it
-    hashed them; a wrong size it saw, or one a listing or a HEAD reported (no *first*), only
-    sends the blob to be read whole twice. A read that hashes nothing (a transport or
-    protocol fault, the blob gone) proves nothing: False."""
-    seen = first.actual if first is not None else None
-    for _read in range(2):
-        got = read_whole(store, digest)
-        if got is None or got == digest:
-            return False
-        if seen is not None:
-            return got == seen
-        seen = got
-    return False  # not reached: the second read always decides
+def set_aside_damaged_manifest(store: Store, digest: Digest) -> str | None:
+    """Set the manifest aside when `judge` finds it damaged; its new key, or None."""
+    return set_aside_damaged(store, manifest_name(digest), digest)[1]
 
 
-def set_aside_damaged_blob(store: Store, digest: Digest,
-                           first: IntegrityError | None) -> str | None:
-    """Set the blob aside when `blob_is_damaged` proves it; the key it went to, or None."""
-    if not blob_is_damaged(store, digest, first):
-        return None
-    return set_aside(store, blob_name(digest))
-
-
-def set_aside_damaged_manifest(store: Store, digest: Digest,
-                               first: IntegrityError | None = None) -> str | None:
-    """Set the manifest aside when a second whole read fails its sha256 again (to the same
-    wrong digest as *first*, when given); its new key, or None."""
-    try:
-        store.get_manifest(digest)
-    except IntegrityError as again:
-        if first is not None and first.actual is not None and again.actual != first.actual:
-            return None
-        return set_aside(store, manifest_name(digest))
-    except (NotFoundError, StoreError):
-        return None
-    return None
+def read_failure(store: Store, key: str, what: str, exc: IntegrityError) -> IntegrityError:
+    """The error to raise for *exc*, a read of the object at *key* (*what*: the file it
+    fills, or the manifest) that failed its digest, once the object is judged and, when
+    damaged, set aside: its hint says which it was and what to do."""
+    judgement, aside = set_aside_damaged(store, key, exc.expected)
+    thing = "blob" if key.startswith("blobs/") else "manifest"
+    if aside:
+        hint = (f"{judgement.why}: the damaged {thing} was moved to {aside} in {store.url}; "
+                "publish the same content again (`enginectl import`, or rebuild) to restore "
+                "it")
+    elif judgement.verdict in ("intact", "transfer"):
+        hint = (f"a transfer error: {judgement.why}; the bytes were corrupted on the way "
+                f"from {store.url}, not in it, so the {thing} stays in the store; retry, or "
+                "fetch over another network path")
+    else:
+        hint = (f"not proven damaged ({judgement.why}), so the {thing} stays in the store; "
+                "retry, and if every node sees the same, delete the object "
+                f"{key} in {store.url} and publish its content again")
+    return IntegrityError(f"{what} ({exc.location})" if what else exc.location,
+                          expected=exc.expected, actual=exc.actual, detail=exc.detail,
+                          hint=hint)
 
 
 @dataclass(frozen=True, slots=True)

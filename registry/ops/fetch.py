@@ -26,8 +26,9 @@ from registry.errors import (
     UsageError,
 )
 from registry.identity.digest import Digest
+from registry.identity.layout import manifest_name
 from registry.identity.manifest import Manifest
-from registry.ops.damage import set_aside_damaged_manifest
+from registry.ops.damage import read_failure
 from registry.ops.fetch_files import (
     Fetched,
     Verify,
@@ -97,11 +98,7 @@ def manifest_of(store: Store, digest: str, *, heal: bool = False) -> Manifest:
     except IntegrityError as exc:
         if not heal:
             raise
-        aside = set_aside_damaged_manifest(store, Digest.parse(digest), exc)
-        hint = (f"it was moved to {aside} in {store.url}; publish the same content again "
-                "(`enginectl import`, or rebuild) to restore it" if aside else None)
-        raise IntegrityError(exc.location, expected=exc.expected, actual=exc.actual,
-                             hint=hint) from exc
+        raise read_failure(store, manifest_name(Digest.parse(digest)), "", exc) from exc
     manifest = Manifest.from_bytes(data)
     if str(manifest.digest) != digest:
         raise IntegrityError(f"manifest {digest}", expected=Digest.parse(digest),

@@ -25,8 +25,9 @@ from typing import Final, Literal
 from registry.errors import IntegrityError, ManifestError, StoppedError, UsageError
 from registry.filelock import flock
 from registry.identity.digest import Digest, digest_file
+from registry.identity.layout import blob_name
 from registry.identity.manifest import FileEntry, Manifest
-from registry.ops.damage import set_aside_damaged_blob
+from registry.ops.damage import read_failure
 from registry.progress import NoProgress, Progress
 from registry.staging import clear_abandoned, stage_beside, swap_into_place
 from registry.store.base import Store
@@ -150,19 +151,8 @@ class _Run:
         try:
             self.cache.fill(digest, lambda temp: self.store.get_blob(
                 digest, temp, size=entry.size, progress=self.progress.advance, stop=self.stop))
-        except IntegrityError as exc:
-            aside = set_aside_damaged_blob(self.store, digest, exc)
-            if aside:
-                hint = (f"the damaged blob was moved to {aside} in {self.store.url}; publish "
-                        "the same content again (`enginectl import`, or rebuild) to restore it")
-            elif exc.actual is None:
-                hint = ("read again whole, it was not proven damaged and stays in the store: "
-                        "the server or something on the way answers wrongly; retry the fetch")
-            else:
-                hint = ("read again, it gave other bytes: the network or the server is "
-                        "corrupting transfers; retry the fetch")
-            raise IntegrityError(f"{entry.path} ({exc.location})", expected=exc.expected,
-                                 actual=exc.actual, detail=exc.detail, hint=hint) from exc
+        except IntegrityError as exc:  # damaged, or corrupted on the way: judged there
+            raise read_failure(self.store, blob_name(digest), entry.path, exc) from exc
         with self._lock:
             self.downloaded += entry.size
 

@@ -5,13 +5,12 @@ problems are collected so one run reports everything. Without `repair` nothing i
 
 With `repair`, what can be done here is done, and said:
 
-- a manifest that fails its sha256 (twice) is set aside under `damaged/`, so the next
-  publish of its content writes it again;
-- a blob is set aside the same way only when fresh whole reads prove its bytes wrong
-  (`registry.ops.damage.blob_is_damaged`: two reads hash them to the same wrong digest). A
-  size the store reports that is not the manifest's (a HEAD's, a listing's) only sends the
-  blob to be read whole; when those reads hash right, or fail (a transport or protocol
-  fault), the size is still reported and the blob stays where it is;
+- a manifest or a blob whose bytes fail their digest is set aside under `damaged/`, so the
+  next publish of its content writes it again, only when the store vouches for the bad
+  bytes (`registry.ops.damage.judge`: read back, they match the checksum the server stored,
+  or the file store's file). A size the store reports that is not the manifest's (a
+  HEAD's, a listing's) only sends the blob to be read back; when that hashes right, fails,
+  or shows the bytes changed on the way, the size is still reported and the blob stays;
 - a blob that is missing or was set aside is put back from this machine's fetch cache when
   the cache holds it (re-hashed first); otherwise publishing the same content again (an
   `enginectl import` of the source, or a rebuild) uploads it.
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING
 from registry.errors import IntegrityError, ManifestError, NotFoundError
 from registry.identity.digest import Digest, digest_file
 from registry.identity.layout import blob_name
-from registry.ops.damage import blob_is_damaged, set_aside, set_aside_damaged_manifest
+from registry.ops.damage import judge_object, set_aside, set_aside_damaged_manifest
 from registry.ops.fetch import load_manifest
 from registry.sql import records
 from registry.workers import WORKERS, Workers
@@ -150,12 +149,13 @@ def _verify(ctx: Context, present: list[Digest], blobs: dict[Digest, _Blob],
 
 def _set_aside_if_damaged(ctx: Context, digest: Digest, first: IntegrityError | None,
                           result: Checked) -> None:
-    """Set the blob aside when fresh whole reads prove it damaged (*first*: the error of
-    the read that found it, None when only its size was wrong); say what was done."""
-    if not blob_is_damaged(ctx.store, digest, first):
-        result.repairs.append(
-            f"kept blob {digest}: fresh whole reads did not prove its bytes wrong (they hash "
-            "right, or the store could not be read); run `enginectl fsck` again")
+    """Set the blob aside when the store shows it damaged (*first*: the error of the read
+    that found it, None when only its size was wrong); say what was done."""
+    del first  # why it is asked, not a proof (`registry.ops.damage`)
+    judgement = judge_object(ctx.store, blob_name(digest), digest)
+    if judgement.verdict != "damaged":
+        result.repairs.append(f"kept blob {digest}: not shown damaged by the store "
+                              f"({judgement.why}); run `enginectl fsck` again")
         return
     aside = set_aside(ctx.store, blob_name(digest))
     if aside:

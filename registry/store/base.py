@@ -24,10 +24,10 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from registry.errors import IntegrityError, StoppedError
-from registry.identity.digest import Digest
+from registry.identity.digest import Algorithm, Digest
 
 Progress = Callable[[int], None]
 """Called with the number of bytes moved since the last call (negative when a part is retried)."""
@@ -49,6 +49,42 @@ class ObjectInfo:
     """Relative to the store's root or prefix."""
     size: int
     modified: datetime
+
+
+Vouch = Literal["stored", "altered", "unknown"]
+"""What a store says of bytes read back (`ReadBack.vouch`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBack:
+    """A whole read of a stored object made to judge it (`Store.read_back`), and whether the
+    store vouches that the bytes read are the bytes it holds."""
+
+    digest: Digest
+    """What the bytes read hash to, in the algorithm asked for."""
+    vouch: Vouch
+    """"stored": the store's own record of the object matches the bytes read (S3: the
+    checksum or MD5 ETag the server computed when the object was written; a file store:
+    the file itself was read), so they are what it holds; "altered": the server's record
+    does not match them, so they changed after it sent them (on the way); "unknown": the
+    server keeps nothing to compare them with."""
+    evidence: str
+    """What was compared, for messages (`the server's CRC32 …`)."""
+
+
+def hash_for(algorithm: Algorithm) -> Hash:
+    """A fresh hash object of *algorithm* (its `hexdigest()` is a `Digest`'s hex)."""
+    import hashlib
+
+    import xxhash
+
+    return xxhash.xxh3_128() if algorithm == "xxh3-128" else hashlib.sha256()
+
+
+class Hash(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
 
 
 def check_stop(stop: threading.Event | None) -> None:
@@ -109,6 +145,13 @@ class Store(Protocol):
         lets a backend plan parallel ranged reads without asking first; a stored blob of
         another size is an IntegrityError. Once *stop* is set the transfer ends at its next
         chunk with StoppedError."""
+
+    def read_back(self, key: str, algorithm: Algorithm) -> ReadBack:
+        """Read the object at *key* (a blob or a manifest) whole again, by a path other
+        than `get_blob`'s fast one, hashing it with *algorithm*, and say whether the store
+        vouches for those bytes (`ReadBack`): how `registry.ops.damage` tells damaged
+        storage from a corrupted transfer. NotFoundError when absent; StoreError when the
+        read fails."""
 
     def put_manifest(self, digest: Digest, data: bytes) -> None:
         """Store *data* as *digest* after checking sha256(data) == digest; idempotent, and a

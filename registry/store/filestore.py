@@ -23,7 +23,13 @@ from typing import IO, Final
 import xxhash
 
 from registry.errors import IntegrityError, NotFoundError, StoreError
-from registry.identity.digest import Digest, release_mapped, sha256_of, update_mapped
+from registry.identity.digest import (
+    Algorithm,
+    Digest,
+    release_mapped,
+    sha256_of,
+    update_mapped,
+)
 from registry.identity.layout import (
     BLOBS,
     MANIFESTS,
@@ -37,7 +43,9 @@ from registry.store.base import (
     InFlight,
     ObjectInfo,
     Progress,
+    ReadBack,
     check_stop,
+    hash_for,
     sizes_of,
     write_verified,
 )
@@ -230,6 +238,21 @@ class FileStore:
                     return actual
 
         write_verified(dest, digest, str(path), write)
+
+    def read_back(self, key: str, algorithm: Algorithm) -> ReadBack:
+        """The file read again from the disk: its bytes are the store's own, whatever they
+        hash to."""
+        hasher = hash_for(algorithm)
+        with self._os_errors("read_back", key):
+            try:
+                src = self._path(key).open("rb")
+            except FileNotFoundError as exc:
+                raise NotFoundError(f"object {key}", url=self.url, key=key) from exc
+            with src:
+                while chunk := src.read(COPY_CHUNK):
+                    hasher.update(chunk)
+        return ReadBack(Digest(algorithm, hasher.hexdigest()), "stored",
+                        f"the file {self._path(key)} read again")
 
     def iter_blobs(self) -> Iterator[BlobInfo]:
         for key, entry in self._scan(BLOBS, depth=2):

@@ -59,7 +59,7 @@ class Bucket:
         # S3-compatible servers rarely resolve virtual-hosted bucket names: path style there
         # SigV4 said outright over plain http: that is the only place parts are sent from
         # presigned URLs (registry.store.s3sendfile), and botocore presigns with SigV2 unless told
-        config = Config(
+        self._config = config = Config(
             signature_version="s3v4" if (endpoint_url or "").startswith("http://") else None,
             retries={"mode": "standard", "max_attempts": 8},
             max_pool_connections=pool_connections,
@@ -75,6 +75,14 @@ class Bucket:
         self.client: S3Client = self.session.client("s3", endpoint_url=endpoint_url,
                                                     config=config)
         self._seen = False
+        self._making = threading.Lock()
+
+    def fresh_client(self) -> S3Client:
+        """A client of its own, with new connections (the caller closes it): a read that
+        must not share anything with the ones that failed (`registry.store.s3check`)."""
+        with self._making:  # a boto3 session is not safe to share while making clients
+            return self.session.client("s3", endpoint_url=self.endpoint_url,
+                                       config=self._config)
 
     def presign_part(self, key: str, upload_id: str, number: int, crc: str,
                      seconds: int) -> str:

@@ -32,8 +32,9 @@ What the store promises, and who keeps it:
   here from the byte where it stopped (`stream_retries` times), and so is an answer that
   breaks the protocol (a 200 to a Range, a Content-Range for other bytes, or whose total
   is not the size the manifest gives), its body unread. A fault of the transport or the
-  protocol is never taken for damage of the stored bytes: only a digest that fails again
-  on a fresh whole read is (`registry.ops.damage`).
+  protocol is never taken for damage of the stored bytes, nor is a wrong digest on its own:
+  the object is read back and judged against the server's stored checksum
+  (`registry.store.s3check`, `registry.ops.damage`).
 - Ctrl-C: the stop event is checked between chunks, and a read blocked on the network is
   in a daemon thread (`registry.workers`) that never holds the process.
 """

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final
 import xxhash
 
 from registry.errors import IntegrityError, NotFoundError, StoreError
-from registry.identity.digest import Digest, sha256_of, update_mapped
+from registry.identity.digest import Algorithm, Digest, sha256_of, update_mapped
 from registry.identity.layout import (
     BLOBS,
     MANIFESTS,
@@ -52,6 +52,7 @@ from registry.store.s3upload import Uploader
 from registry.workers import Workers
 
 if TYPE_CHECKING:
+    from registry.store.base import ReadBack
     from registry.store.s3bucket import Bucket
     from registry.store.s3get import RangeReader
 
@@ -311,6 +312,12 @@ class S3Store:
                     pool=self._readers, window=self.download_threads,
                 )
         return Digest("xxh3-128", hasher.hexdigest())
+
+    def read_back(self, key: str, algorithm: Algorithm) -> ReadBack:
+        """By boto3 on a client of its own, against the server's checksum (`s3check`)."""
+        from registry.store.s3check import read_back
+
+        return read_back(self.bucket, self._key(key), algorithm)
 
     def iter_blobs(self) -> Iterator[BlobInfo]:
         strip = len(self._key(""))

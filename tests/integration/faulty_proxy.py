@@ -17,7 +17,9 @@ of the body, set `holding`, then trickle one more byte every half second, so tha
 timeout ever fires and the body never ends, until the proxy is closed: a stalled server; for
 a PUT, set `holding` and read none of the upload until the proxy is closed), or "pause"
 (a GET: send the headers and the first half of the body, set `holding`, and send the rest
-once `resume` is set: a transfer stalled mid-body that then goes on).
+once `resume` is set: a transfer stalled mid-body that then goes on), or "flip" (forward
+it, and flip every bit of the middle byte of a GET's body, headers untouched: a network
+path that corrupts what it carries, the same way every time).
 `ranges` records every GET's Range header, `gets` every GET's path (with its query) and
 Range header, `puts` every PUT's path and headers, `put_crc32` the CRC32 of the body each
 PUT that sent one by its Content-Length carried (as S3 writes it: base64 of 4 big-endian
@@ -39,7 +41,7 @@ from typing import BinaryIO, Literal
 from urllib.parse import urlsplit
 
 Fault = Literal["pass", "total", "whole", "size", "slowdown", "forbidden", "refuse", "reset",
-                "cut", "hold", "pause"]
+                "cut", "hold", "pause", "flip"]
 SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message>"
@@ -221,6 +223,10 @@ class FaultyProxy:
                     self.connection.close()
                 elif fault == "pause" and len(data) > 1:
                     self._pause(data)
+                elif fault == "flip" and self.command == "GET" and data:
+                    middle = len(data) // 2
+                    self.wfile.write(data[:middle] + bytes([data[middle] ^ 0xFF])
+                                     + data[middle + 1:])
                 elif self.command != "HEAD":
                     self.wfile.write(data)
 

@@ -1,10 +1,11 @@
 """`fsck --repair` condemns a blob only on the proof fetch needs (issue 21, item 7).
 
 A size the store reports that is not the manifest's (a HEAD's Content-Length, a LIST
-answer's `<Size>`) is a suspicion: the blob is read whole again, and set aside only when
-those fresh reads hash its bytes to the same wrong digest. A good blob the store lies about
-is reported and kept; a truncated one is still set aside. Through the faulty proxy in front
-of the real S3 test server, with `enginectl` run as a user runs it.
+answer's `<Size>`) is a suspicion: the blob is read back whole, and set aside only when
+those bytes fail their digest and the server's stored checksum vouches for them. A good
+blob the store lies about is reported and kept; a truncated one is still set aside.
+Through the faulty proxy in front of the real S3 test server,
+with `enginectl` run as a user runs it.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def test_fsck_repair_still_sets_aside_a_truncated_blob_beside_a_good_one_listed_
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     """The first HEAD of each blob says it is a byte larger than it is; one blob really is
-    truncated in the store. fsck --repair reads both whole again: the truncated one hashes
-    to the same wrong digest twice and is set aside, the good one is kept."""
+    truncated in the store. fsck --repair reads both back whole: the truncated one fails
+    its digest with the server's checksum of it matching, and is set aside; the good one
+    is kept."""
     store_url = f"s3://{s3_bucket}/size-and-truncated"
     direct = _context(tmp_path, store_url, s3_server.endpoint_url)
     published = import_artifact(direct, make_engine(tmp_path / "engine"), engine_spec())

@@ -2,8 +2,9 @@
 
 A transport or protocol fault (here: an answer whose Content-Range total is not the object's
 size) is asked again and never marks stored data bad; only bytes that fail their digest on
-fresh whole reads are set aside. Through the faulty proxy in front of the real S3 test
-server, with the splice path on and off (its answers are read by different code).
+a read back whole are set aside (the server's checksum vouching for them). Through the
+faulty proxy in front of the real S3 test server, with the splice path on and off (its
+answers are read by different code).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def test_a_server_that_always_answers_a_wrong_total_fails_the_fetch_but_condemns
     splice: str,
 ) -> None:
     """Every GET of the big blob says the wrong size (a broken proxy on the way): the fetch
-    fails with an integrity error that says the blob was not proven damaged, the blob stays
+    fails with an integrity error that says the blob stays in the store, the blob stays
     where it is, and once the proxy is gone the same fetch succeeds."""
     monkeypatch.setenv("ENGINECTL_S3_SPLICE", splice)
     store_url = f"s3://{s3_bucket}/total-always"
@@ -97,7 +98,7 @@ def test_a_server_that_always_answers_a_wrong_total_fails_the_fetch_but_condemns
         with pytest.raises(IntegrityError) as failed:
             fetch(context, digest, tmp_path / "out")
         context.close()
-    assert "not proven damaged" in str(failed.value)
+    assert "stays in the store" in str(failed.value)
     assert not (tmp_path / "out").exists()
     direct = _context(tmp_path, store_url, s3_server.endpoint_url, "cache")
     assert list(iter_damaged(direct.store)) == []
