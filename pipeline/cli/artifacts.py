@@ -323,14 +323,19 @@ def rollback(alias: str, note: str | None, as_json: bool) -> None:
 @click.option("--prefer", multiple=True, type=click.Choice(["engine", "checkpoint", "vllm"]),
               help="Kinds to try first, in order (repeatable).")
 @click.option("--explain", is_flag=True, help="Say why every other artifact was rejected.")
+@click.option("--allow-unproven", is_flag=True,
+              help="Also rank artifacts with no passing smoke on this GPU SKU (proven only "
+                   "elsewhere, or nowhere), each marked `unproven on <SKU>`.")
 @click.option("--json", "as_json", is_flag=True, help="Print candidates and rejections as JSON.")
 @handle_errors
 def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None,
             min_batch: int | None, prefer: tuple[str, ...], explain: bool,
-            as_json: bool) -> None:
+            allow_unproven: bool, as_json: bool) -> None:
     """Rank the artifacts of a model for a GPU: proven on this node's fingerprint first
     (then the nearest proof: same driver branch, then same SKU), engines, then checkpoints,
-    then vLLM, by the latest smoke evidence measured there.
+    then vLLM, by the latest smoke evidence measured there. An artifact with no passing
+    smoke on the SKU (proven only on another GPU or the CPU) is rejected, saying where it was
+    proven, unless --allow-unproven; nothing left is exit 6.
 
     With --gpu auto the fingerprint is this machine's (nvidia-smi's GPU and driver, the
     TRT-LLM, TensorRT, CUDA and vLLM installed here); with --gpu SKU only the SKU is known.
@@ -346,7 +351,7 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
     from registry.ops.resolve import resolve as rank_for
 
     request = node_request(model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                           min_batch=min_batch, prefer=prefer)
+                           min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven)
     spec = request.gpu
     ranked = rank_for(context(readonly=True), request, explain=explain)
     if as_json:
@@ -356,7 +361,12 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
 
         click.echo("\n".join(resolve_lines(ranked, explain)))
     if not ranked.candidates:
+        elsewhere = [f"{c.digest[:19]}… {c.kind} ({reason.split(' (', 1)[-1]}"
+                     for c, reason in ranked.rejected
+                     if reason.startswith(f"unproven on {spec.sku} (")]
         raise RecordNotFoundError(
             "servable artifact for", f"{model} on {spec.sku}",
-            hint="rerun with --explain to see why each artifact was rejected",
+            hint=(f"unproven on {spec.sku}: {', '.join(elsewhere)}; --allow-unproven takes "
+                  "them; " if elsewhere else "")
+            + "rerun with --explain to see why each artifact was rejected",
         )

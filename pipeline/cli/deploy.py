@@ -48,6 +48,9 @@ def _selection_options(func: F) -> F:
                           "instead of the one found here."),
         click.option("--allow-unready", is_flag=True,
                      help="Take a REF that is built or quarantined, not proven to serve."),
+        click.option("--allow-unproven", is_flag=True,
+                     help="With --model: take an artifact proven only on another GPU (or "
+                          "none); serve.json then says `unproven on <SKU>`."),
         click.option("--no-warm", "no_warm", is_flag=True,
                      help="Leave out the warm cache (compile and tuning caches) captured for "
                           "this node: the runtime starts cold."),
@@ -57,7 +60,7 @@ def _selection_options(func: F) -> F:
     return func
 
 
-def _check(ref: str | None, model: str | None, gpu: str) -> None:
+def _check(ref: str | None, model: str | None, gpu: str, allow_unproven: bool = False) -> None:
     from registry.errors import UsageError
 
     if ref is None and model is None:
@@ -66,6 +69,9 @@ def _check(ref: str | None, model: str | None, gpu: str) -> None:
         raise UsageError(f"give a REF or --model, not both (REF {ref!r}, --model {model!r})")
     if ref is not None and gpu != "auto":
         raise UsageError(f"--gpu {gpu!r} is for --model; a REF names one artifact already")
+    if ref is not None and allow_unproven:
+        raise UsageError("--allow-unproven is for --model; a REF names one artifact already "
+                         "(an alias takes its latest target proven on this node's toolchain)")
 
 
 def _notes(notes: tuple[str, ...]) -> None:
@@ -86,8 +92,8 @@ def _notes(notes: tuple[str, ...]) -> None:
 @handle_errors
 def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
          min_seq_len: int | None, min_batch: int | None, prefer: tuple[str, ...], host: str,
-         port: int, executable: str | None, allow_unready: bool, no_warm: bool, output: Path,
-         verify: str, force: bool, as_json: bool) -> None:
+         port: int, executable: str | None, allow_unready: bool, allow_unproven: bool,
+         no_warm: bool, output: Path, verify: str, force: bool, as_json: bool) -> None:
     """Fetch REF, or what this node should serve of --model, with everything it serves from,
     into a directory; write its serve.json and print the command that serves it here.
 
@@ -99,13 +105,13 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
     """
     from pipeline.deploy.pull import pull as pull_artifact
 
-    _check(ref, model, gpu)
+    _check(ref, model, gpu, allow_unproven)
     with context(readonly=True) as ctx:  # reads the registry, never writes it
         announce(ctx)
         pulled = pull_artifact(
             ctx, ref, output, model=model, gpu=gpu, gpu_count=gpu_count,
             min_seq_len=min_seq_len, min_batch=min_batch, prefer=prefer, host=host, port=port,
-            executable=executable, allow_unready=allow_unready,
+            executable=executable, allow_unready=allow_unready, allow_unproven=allow_unproven,
             verify="strict" if verify == "strict" else "fast", force=force,
             progress=progress(), warm=not no_warm)
     _notes(pulled.notes)
@@ -115,6 +121,7 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
     click.echo(f"pulled {pulled.digest} ({pulled.kind}"
                + (f" with its checkpoint {pulled.sources[1]}" if len(pulled.sources) > 1
                   else "")
+               + (f", {pulled.unproven}" if pulled.unproven else "")
                + f") into {pulled.directory}: {pulled.downloaded_bytes} bytes downloaded, "
                f"{pulled.cached_bytes} from cache; serve it with:", err=True)
     click.echo(pulled.command)
@@ -125,7 +132,8 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
 @handle_errors
 def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
           min_seq_len: int | None, min_batch: int | None, prefer: tuple[str, ...], host: str,
-          port: int, executable: str | None, allow_unready: bool, no_warm: bool) -> None:
+          port: int, executable: str | None, allow_unready: bool, allow_unproven: bool,
+          no_warm: bool) -> None:
     """Pull REF (or what this node should serve of --model) if needed and run its server in
     the foreground; signals go to the server, and its exit code is enginectl's.
 
@@ -138,7 +146,7 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
 
     from pipeline.deploy.serve import serve as serve_artifact
 
-    _check(ref, model, gpu)
+    _check(ref, model, gpu, allow_unproven)
 
     def started(pulled: Any) -> None:
         _notes(pulled.notes)
@@ -150,6 +158,7 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
         code = serve_artifact(
             ctx, ref, model=model, gpu=gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
             min_batch=min_batch, prefer=prefer, host=host, port=port, executable=executable,
-            allow_unready=allow_unready, progress=progress(), started=started,
+            allow_unready=allow_unready, allow_unproven=allow_unproven, progress=progress(),
+            started=started,
             warm=not no_warm)
     sys.exit(code)

@@ -9,7 +9,10 @@ with the command that serves it here.
    rollback, unless *allow_unready*), or the best candidate `resolve` ranks for this node
    (`gpu="auto"`: nvidia-smi's GPU and driver and the TRT-LLM, TensorRT, CUDA and vLLM
    versions installed here — the fingerprint whose latest proof ranks first, or the nearest
-   one, said as such; `Pulled.evidence` is the proof used).
+   one, said as such; `Pulled.evidence` is the proof used). Only what passed a smoke on this
+   node's SKU is pulled: one proven only elsewhere (another SKU, the CPU) is exit 6 naming
+   where it was proven, unless *allow_unproven*; then `Pulled.unproven` and serve.json's
+   `unproven` say `unproven on <SKU> (proven on …)`.
 2. Its serve template (`pipeline.deploy.command`) and the runtime executable found on this
    node (`pipeline.deploy.runtime`), both before a byte is downloaded.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
@@ -30,7 +33,8 @@ answers completions but not chat.
 `serve.json` (schema `enginectl.serve/v1`) holds the digest, kind, model, runtime, the
 executable found here, the argv for this node (`{model_dir}` filled in, `--host`/`--port` as
 asked, an engine's `--tokenizer`), the served model name, the tokenizer directory (None where
-the runtime needs none or none was found), the digests placed, and the warm cache
+the runtime needs none or none was found), the digests placed, how it is unproven here
+(`unproven`: null when a smoke passed on this node's fingerprint), and the warm cache
 (`pipeline.deploy.warm`): its digest, the runtime's cache variables (`env`, relative to
 `cwd`, the directory itself) — a server started from serve.json runs in `cwd` with `env`
 set; without a warm cache `env` is empty and argv runs from anywhere. What DIR may be, and what
@@ -90,6 +94,7 @@ class Pulled:
     notes: tuple[str, ...] = ()  # what the caller should tell the user (stderr)
     tokenizer_dir: str | None = None  # an engine's --tokenizer directory, when it has one
     evidence: dict[str, Any] | None = None  # the proof resolve ranked it by (no REF)
+    unproven: str | None = None  # `unproven on <SKU> (…)` (--allow-unproven), None if proven
     warm_cache: str | None = None  # the warm cache placed in DIR/.warm (pipeline.deploy.warm)
     env: dict[str, str] = field(default_factory=dict)  # its variables, relative to DIR
 
@@ -111,7 +116,7 @@ class Pulled:
             "host": self.host, "port": self.port, "model_dir": str(self.directory),
             "served_model_name": self.served_model_name, "sources": list(self.sources),
             "tokenizer_dir": self.tokenizer_dir, "cwd": str(self.directory),
-            "env": dict(self.env), "warm_cache": self.warm_cache,
+            "env": dict(self.env), "warm_cache": self.warm_cache, "unproven": self.unproven,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,6 +136,7 @@ class Selection:
     notes: tuple[str, ...] = field(default=())
     tokenizer: Tokenizer | None = None  # an engine's tokenizer directory (module doc)
     evidence: dict[str, Any] | None = None  # resolved: the proof used and how near it is
+    unproven: str | None = None  # resolved: `unproven on <SKU> (…)`; None when proven here
 
 
 # --- what -------------------------------------------------------------------------------------
@@ -155,10 +161,11 @@ def ref_notes(found: Found, *, allow_unready: bool) -> tuple[str, ...]:
 
 def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None,
                  min_seq_len: int | None = None, min_batch: int | None = None,
-                 prefer: Sequence[str] = ()) -> Request:
+                 prefer: Sequence[str] = (), allow_unproven: bool = False) -> Request:
     """The resolve request for this node: *gpu* "auto" reads nvidia-smi and this node's
     fingerprint (`_installed_toolchain`: the proofs are compared with it, and an engine must
-    match its TRT-LLM and TensorRT), else a catalog name (only the SKU is known)."""
+    match its TRT-LLM and TensorRT), else a catalog name (only the SKU is known).
+    *allow_unproven* (`--allow-unproven`) also ranks what has no passing proof on the SKU."""
     from pipeline.planning.toolchain import local_gpu
     from registry.gpus import GpuSpec, lookup_gpu
     from registry.ops.resolve import Request
@@ -173,19 +180,21 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
     else:
         spec = lookup_gpu(gpu, option="--gpu")
     return Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                   min_batch=min_batch, prefer=tuple(prefer), toolchain=toolchain)
+                   min_batch=min_batch, prefer=tuple(prefer), toolchain=toolchain,
+                   allow_unproven=allow_unproven)
 
 
 def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
           gpu_count: int | None = None, min_seq_len: int | None = None,
-          min_batch: int | None = None, prefer: Sequence[str] = ()) -> Request | None:
+          min_batch: int | None = None, prefer: Sequence[str] = (),
+          allow_unproven: bool = False) -> Request | None:
     """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
     for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
     if (ref is None) == (model is None):
         raise UsageError(f"{verb} takes a REF or --model, not both")
     return None if model is None else node_request(
         model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer)
+        prefer=prefer, allow_unproven=allow_unproven)
 
 
 def _installed_toolchain() -> dict[str, Any]:
@@ -203,14 +212,14 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
     with its template and the manifests of everything it serves from."""
     notes: tuple[str, ...]
     manifest: Manifest | None = None
-    evidence = None
+    evidence = unproven = None
     if ref is not None:
         found = find(ctx, ref)  # the registry's driver alone: no SQLAlchemy on this path
         if found.status is None:  # the registry does not list it: is it in the store at all?
             manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found)  # else exit 6
         notes = ref_notes(found, allow_unready=allow_unready)
     elif request is not None:
-        found, notes, evidence = _resolved(ctx, request)
+        found, notes, evidence, unproven = _resolved(ctx, request)
     else:
         raise UsageError("pull needs a REF or --model")
     if manifest is None:
@@ -230,7 +239,7 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
                               "checkpoint in its provenance: it serves completions but not "
                               "chat; re-import it with `enginectl import DIR --kind "
                               "trtllm-engine --tokenizer-from HF_DIR|REF`"))
-    return Selection(found, manifest, how, tuple(sources), notes, tokenizer, evidence)
+    return Selection(found, manifest, how, tuple(sources), notes, tokenizer, evidence, unproven)
 
 
 def _manifest(ctx: Context, digest: str) -> Manifest:
@@ -241,26 +250,31 @@ def _manifest(ctx: Context, digest: str) -> Manifest:
 
 
 def _resolved(ctx: Context, request: Request
-              ) -> tuple[Found, tuple[str, ...], dict[str, Any] | None]:
+              ) -> tuple[Found, tuple[str, ...], dict[str, Any] | None, str | None]:
+    """The best candidate for *request*, the note to print about it, the proof it was ranked
+    by, and how it is unproven here (None when proven on this fingerprint)."""
     from registry.errors import NothingResolvableError
     from registry.ops.resolve import resolve
 
     ranked = resolve(ctx, request)
     sku = request.gpu.sku
-    if not ranked.candidates or not ranked.candidates[0].proven:
-        ranked = resolve(ctx, request, explain=True)  # the reasons, and where it is proven
     if not ranked.candidates:
+        ranked = resolve(ctx, request, explain=True)  # every reason, and where each is proven
+    if not ranked.candidates:
+        elsewhere = any(reason.startswith(f"unproven on {sku}") for _, reason in ranked.rejected)
         raise NothingResolvableError(
             request.model, sku, ranked.reasons(),
             next_step=f"`enginectl resolve --model {request.model} --gpu {sku} --explain` "
-                      "lists the same; build, smoke or tag one for this GPU")
+                      "lists the same; build, smoke or tag one for this GPU"
+                      + ("; --allow-unproven takes one proven only elsewhere"
+                         if elsewhere and not request.allow_unproven else ""))
     best = ranked.candidates[0]
     note = best.unproven_note(sku)
     notes = () if note is None else (
         f"{best.digest} is {note}; `enginectl smoke {best.digest[:19]}` here proves it",)
     evidence = None if best.used is None else {
         **best.used.as_dict(), "fingerprint": ranked.as_dict()["fingerprint"]}
-    return Found(best.digest, best.status), notes, evidence
+    return Found(best.digest, best.status), notes, evidence, note
 
 
 def merged(selection: Selection) -> Manifest:
@@ -315,6 +329,7 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
         sources=sources, downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes,
         notes=selection.notes + ((warm.note,) if warm and warm.note else ()),
         tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
+        unproven=selection.unproven,
         warm_cache=None if warm is None else warm.digest,
         env={} if warm is None else dict(warm.env),
     )
@@ -356,6 +371,7 @@ def pull(
     port: int = DEFAULT_PORT,
     executable: str | None = None,
     allow_unready: bool = False,
+    allow_unproven: bool = False,
     verify: Verify = "fast",
     force: bool = False,
     progress: Progress | None = None,
@@ -365,7 +381,7 @@ def pull(
     *dest*, and write the command that serves it on this node (module doc); *warm* False
     (`--no-warm`) leaves the warm cache out."""
     request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                    min_batch=min_batch, prefer=prefer)
+                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven)
     dest = check_dest(dest, force=force, verb="pull", places=protected_places(ctx))
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)

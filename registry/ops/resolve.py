@@ -5,7 +5,10 @@ Order (DESIGN §5, §6b): by the evidence nearest the node's fingerprint
 and every field it reports of the driver and the artifact's runtime) first, then the ones
 whose latest proof is on the same SKU and driver branch, then on the same SKU only, then
 those with no proof on the SKU at all; all but the first are "unproven" on this fingerprint,
-the middle two saying which proof is nearest. Within each, compiled engines for the exact SKU
+the middle two saying which proof is nearest. The last are not candidates unless the request
+allows them (`--allow-unproven`): a node is only handed what passed a smoke on its own SKU,
+and one proven only elsewhere (another SKU, the CPU) is rejected as `unproven on <SKU>
+(proven on …)`. Within each, compiled engines for the exact SKU
 first, then TRT-LLM PyTorch-backend checkpoints, then vLLM entries (the fallback that always
 runs); within a kind the higher throughput of *the proof used* (the latest at that match,
 never the best ever recorded) wins, then the newer artifact. Throughput measured on another
@@ -34,6 +37,7 @@ KIND_ORDER: Final = ("trtllm-engine", "trtllm-checkpoint", "vllm")
 PREFER: Final = {"engine": "trtllm-engine", "checkpoint": "trtllm-checkpoint", "vllm": "vllm"}
 # Toolchain parts an engine must share with the node that loads it.
 ENGINE_TOOLCHAIN: Final = ("trtllm", "tensorrt")
+UNPROVEN_RANK: Final = 3  # `Candidate.match_rank` of one with no passing proof on the SKU
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class Candidate:
     @property
     def match_rank(self) -> int:
         """0 proven on this fingerprint … 3 no proof on this SKU (`evidence.MATCHES`)."""
-        return self.used.rank if self.used is not None else 0 if self.proven else 3
+        return self.used.rank if self.used is not None else 0 if self.proven else UNPROVEN_RANK
 
     def unproven_note(self, gpu: str) -> str | None:
         """`unproven on H100-SXM5-80GB (proven on CPU)`, `unproven on this fingerprint
@@ -85,6 +89,7 @@ class Request:
     min_batch: int | None = None
     prefer: tuple[str, ...] = ()  # "engine", "checkpoint", "vllm": tried in this order first
     toolchain: Mapping[str, Any] = field(default_factory=dict)  # the node's, if known
+    allow_unproven: bool = False  # also rank what has no passing proof on this SKU
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,7 @@ def _describe(candidate: Candidate, gpu: str | None) -> dict[str, Any]:
     }
 
 
-def rejection(  # noqa: PLR0911 - one return per rule reads best
+def rejection(  # noqa: PLR0911, PLR0912 - one return per rule reads best
     candidate: Candidate, request: Request
 ) -> str | None:
     """Why *candidate* cannot serve *request*, or None if it can."""
@@ -164,6 +169,8 @@ def rejection(  # noqa: PLR0911 - one return per rule reads best
         return f"shape too small: max_seq_len {candidate.max_seq_len} < {request.min_seq_len}"
     if request.min_batch and (candidate.max_batch_size or 0) < request.min_batch:
         return f"shape too small: max_batch_size {candidate.max_batch_size} < {request.min_batch}"
+    if candidate.match_rank == UNPROVEN_RANK and not request.allow_unproven:
+        return candidate.unproven_note(gpu.sku)
     return None
 
 
@@ -250,22 +257,20 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
                            and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
 
 
-def _with_evidence(session: Session, model: str, found: list[Candidate]) -> list[Candidate]:
-    """*found* with the GPUs each passed on (for --explain: "proven on CPU"): one query over
-    the model's evidence rows (the model's index on artifacts, then primary-key probes)."""
+def _with_evidence(session: Session, found: list[Candidate], *, every: bool) -> list[Candidate]:
+    """*found* with the GPUs each passed on ("proven on CPU"): all of them with *every*
+    (--explain), else only those with no proof on the node's SKU, whose rejection (or note)
+    names where they were proven; one query per 500 digests, none when no one needs it."""
     from dataclasses import replace
 
-    from sqlalchemy import select
+    from registry.sql.evidence import evidence_for
 
-    from registry.sql.models import Artifact, ArtifactEvidence
-
-    query = (select(Artifact.digest, ArtifactEvidence.gpu)
-             .join(ArtifactEvidence, ArtifactEvidence.artifact_id == Artifact.id)
-             .where(Artifact.model == model).order_by(ArtifactEvidence.gpu))
-    gpus: dict[str, list[str]] = {}
-    for digest, gpu in session.execute(query):
-        gpus.setdefault(digest, []).append(gpu)
-    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) for c in found]
+    wanted = [c.digest for c in found if every or c.match_rank == UNPROVEN_RANK]
+    if not wanted:
+        return found
+    gpus = evidence_for(session, wanted)
+    return [replace(c, evidence=tuple(e.gpu for e in gpus[c.digest])) if c.digest in gpus
+            else c for c in found]
 
 
 def _known_models(session: Session) -> list[str]:
@@ -282,7 +287,9 @@ def resolve(
 ) -> Ranked:
     """Rank the registry's artifacts of *request.model* for *request.gpu* and the node's
     fingerprint (*request.toolchain*: what it reports; with none, every proof on the SKU is
-    on "this fingerprint").
+    on "this fingerprint"). Only artifacts with a passing proof on the SKU are candidates,
+    unless *request.allow_unproven* (the module doc); each one rejected for that, and with
+    *explain* every artifact, carries the GPUs it was proven on (`Candidate.evidence`).
 
     A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
     with the closest model it does know) instead of an empty ranking: a typo is not
@@ -290,8 +297,7 @@ def resolve(
     with ctx.registry.session(readonly=True) as session:
         found = candidates_for(session, request.model, every_status=explain,
                                gpu=request.gpu.sku, node=request.toolchain)
-        if explain:
-            found = _with_evidence(session, request.model, found)
+        found = _with_evidence(session, found, every=explain)
         if not found:
             known = _known_models(session)
             if request.model not in known:

@@ -63,7 +63,16 @@ def test_resolve_ranks_by_evidence_from_the_nodes_gpu_only(ctx: Context, tmp_pat
     artifacts.smoked(ctx, proven_h100, H100, 100.0)
     artifacts.smoked(ctx, engine_h200, H200, 3000.0)
 
-    on_h100 = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")), explain=True)
+    # only what passed on the node's SKU is a candidate; the others say where they passed
+    only = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
+    assert [(c.digest, c.proven, c.tokens_per_s) for c in only.candidates] == [
+        (proven_h100, True, 100.0)]
+    assert {c.digest: reason for c, reason in only.rejected} == {
+        fast_on_cpu: f"unproven on {H100} (proven on CPU)",
+        never: f"unproven on {H100} (no smoke evidence there)"}  # (not read: other engines)
+
+    allowed = Request(model="m", gpu=lookup_gpu("h100"), allow_unproven=True)
+    on_h100 = resolve(ctx, allowed, explain=True)
     assert [(c.digest, c.proven, c.tokens_per_s) for c in on_h100.candidates] == [
         (proven_h100, True, 100.0), (never, False, None), (fast_on_cpu, False, None)]
     notes = {c.digest: c.unproven_note(H100) for c in on_h100.candidates}
@@ -106,7 +115,13 @@ def test_cli_resolve_compare_ls_and_show_say_where_evidence_comes_from(
                 "load": [{"concurrency": 1, "output_tokens_per_s": tokens}]},
                 gpu=gpu, toolchain={"driver": "570.124.06", "vllm": "0.32.0"})
 
-    explained = cli(deploy_env, "resolve", "--model", "m", "--gpu", "h100", "--explain").stdout
+    proven_only = cli(deploy_env, "resolve", "--model", "m", "--gpu", "h100", "--explain")
+    assert proven_only.stdout.splitlines()[0].startswith(f"1. {engine}")
+    assert not proven_only.stdout.splitlines()[1].startswith("2. ")
+    assert (f"rejected {entry[:19]}… vllm: unproven on {H100} (proven on CPU)"
+            in proven_only.stdout)
+    explained = cli(deploy_env, "resolve", "--model", "m", "--gpu", "h100", "--explain",
+                    "--allow-unproven").stdout
     first, second = explained.splitlines()[:2]
     assert first.startswith(f"1. {engine}")
     assert "2000 tok/s" in first

@@ -130,12 +130,26 @@ def test_pull_by_model_resolves_for_the_gpu_and_says_why_nothing_fits(
                   executable=PYTHON)
     assert pulled.digest == entry
     assert pulled.notes == ()
+    # proven on the CPU only: an H100 node is not handed it, and is told where it is proven
+    with pytest.raises(NothingResolvableError) as elsewhere:
+        pull(ctx, None, tmp_path / "h100", model="tiny-llama", gpu="h100", executable=PYTHON)
+    assert elsewhere.value.exit_code == 6
+    assert str(elsewhere.value).splitlines() == [
+        ("nothing to serve tiny-llama on H100-SXM5-80GB: 1 artifacts rejected; `enginectl "
+        "resolve --model tiny-llama --gpu H100-SXM5-80GB --explain` lists the same; build, "
+        "smoke or tag one for this GPU; --allow-unproven takes one proven only elsewhere"),
+        f"  {entry[:19]}… vllm: unproven on H100-SXM5-80GB (proven on CPU)"]
+    assert not (tmp_path / "h100").exists()
     on_h100 = pull(ctx, None, tmp_path / "h100", model="tiny-llama", gpu="h100",
-                   executable=PYTHON)
+                   executable=PYTHON, allow_unproven=True)
     assert on_h100.digest == entry
     note = (f"{entry} is unproven on H100-SXM5-80GB (proven on CPU); "
             f"`enginectl smoke {entry[:19]}` here proves it")
     assert on_h100.notes == (note,)
+    assert on_h100.unproven == "unproven on H100-SXM5-80GB (proven on CPU)"
+    served = json.loads((tmp_path / "h100" / SERVE_FILE).read_text())
+    assert served["unproven"] == "unproven on H100-SXM5-80GB (proven on CPU)"
+    assert json.loads((tmp_path / "cpu" / SERVE_FILE).read_text())["unproven"] is None
     with pytest.raises(UnknownModelError, match="did you mean 'tiny-llama'"):
         pull(ctx, None, tmp_path / "x", model="tiny-lama", gpu="cpu", executable=PYTHON)
     artifacts.set_status(ctx, entry, "quarantined", "smoke failed: greedy: wrong output")
@@ -261,6 +275,28 @@ def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
     as_json = json.loads(cli(env, "pull", "m/cpu/prod", "-o", str(dest), "--json").stdout)
     assert as_json["downloaded_bytes"] == 0
     assert as_json["directory"] == str(dest)
+
+    # by model: only what passed a smoke on this node's SKU, unless --allow-unproven
+    artifacts.smoked(ctx, entry, "CPU", 50.0)
+    h100 = ["--model", "m", "--gpu", "h100"]
+    elsewhere = "unproven on H100-SXM5-80GB (proven on CPU)"
+    refused = cli(env, "pull", *h100, "-o", str(tmp_path / "h100"), code=6)
+    assert f"  {entry[:19]}… vllm: {elsewhere}" in refused.stderr.splitlines()
+    assert "; --allow-unproven takes one proven only elsewhere" in refused.stderr
+    refused = cli(env, "resolve", *h100, code=6)
+    assert (f"unproven on H100-SXM5-80GB: {entry[:19]}… vllm (proven on CPU); "
+            "--allow-unproven takes them" in refused.stderr)
+    assert not (tmp_path / "h100").exists()
+    taken = cli(env, "pull", *h100, "--allow-unproven", "-o", str(tmp_path / "h100"), "--json")
+    assert json.loads(taken.stdout)["unproven"] == elsewhere
+    assert json.loads((tmp_path / "h100" / SERVE_FILE).read_text())["unproven"] == elsewhere
+    assert f"{entry} is {elsewhere}; `enginectl smoke" in taken.stderr
+    ranked = cli(env, "resolve", *h100, "--allow-unproven").stdout
+    assert ranked.startswith(f"1. {entry}")
+    assert "(unproven on H100-SXM5-80GB)" in ranked
+    on_ref = cli(env, "pull", "m/cpu/prod", "--allow-unproven", "-o", str(tmp_path / "r"),
+                 code=2)
+    assert "--allow-unproven is for --model" in on_ref.stderr
 
     artifacts.set_status(ctx, entry, "quarantined", "smoke failed: greedy: wrong output")
     for verb in ("pull", "fetch"):

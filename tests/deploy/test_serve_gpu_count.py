@@ -70,6 +70,7 @@ def test_resolve_for_pull_and_serve_counts_tp_times_pp(
               "quant": "bf16", "tp": 1, "pp": 2, "max_batch_size": 4, "max_input_len": 128,
               "max_seq_len": 256}
     engine = publish(ctx, root, kind="trtllm-engine", labels=labels, status="ready").digest
+    artifacts.smoked(ctx, engine, "H100-SXM5-80GB", 100.0)  # resolve takes only the proven
 
     def resolve(gpus: str, code: int) -> dict[str, object]:
         done = run_cli([ENGINECTL, "resolve", "--model", "m", "--gpu", "h100",

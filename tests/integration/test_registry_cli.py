@@ -60,8 +60,12 @@ def test_import_ls_show_tag_fetch_resolve_fsck(env: dict[str, str], tmp_path: Pa
     refused = run(env, "fetch", digest, "-o", str(tmp_path / "out"), code=2)
     assert "not empty" in refused.stderr
     assert "--force" in refused.stderr
-    ranked = json.loads(run(env, "resolve", "--model", "m", "--gpu", "h100", "--json").stdout)
+    unproven = run(env, "resolve", "--model", "m", "--gpu", "h100", code=6)  # never smoked
+    assert f"{digest[:19]}… trtllm-engine (no smoke evidence there)" in unproven.stderr
+    ranked = json.loads(run(env, "resolve", "--model", "m", "--gpu", "h100", "--json",
+                            "--allow-unproven").stdout)
     assert ranked["candidates"][0]["digest"] == digest
+    assert ranked["candidates"][0]["note"] == "unproven on H100-SXM5-80GB (no smoke evidence there)"
     missing = run(env, "resolve", "--model", "m", "--gpu", "l4", "--explain", code=6)
     assert "--explain" in missing.stderr
     run(env, "fsck")
