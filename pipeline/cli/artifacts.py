@@ -7,7 +7,10 @@ from pathlib import Path
 import click
 
 from pipeline.cli.base import (
+    ALIAS,
     MODEL,
+    REF,
+    Ref,
     announce,
     context,
     echo_json,
@@ -105,7 +108,7 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
 @click.option("--kind", help="Only this kind: trtllm-engine, trtllm-checkpoint, vllm, …")
 @click.option("--quant", help="Only this quantization (bf16, fp8, int4_awq, …).")
 @click.option("--status", help="Only this status: building, built, ready, quarantined, …")
-@click.option("--alias", help="Only the artifact this alias points at.")
+@click.option("--alias", type=ALIAS, help="Only the artifact this alias points at.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @handle_errors
 def ls_(as_json: bool, **filters: str | None) -> None:
@@ -145,7 +148,7 @@ def _one_of(option: str, value: str | None, valid: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", type=REF)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the artifact, manifest, provenance and reports as JSON.")
 @handle_errors
@@ -170,7 +173,7 @@ def show(ref: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", type=REF)
 @click.option("-o", "--output", "output", required=True,
               type=click.Path(path_type=Path, file_okay=False),
               help="Target directory: absent or empty (or --force); never /, your home, the "
@@ -222,7 +225,7 @@ def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", type=Ref(keys=True))
 @click.option("--smoke", is_flag=True,
               help="The log of REF's latest smoke report instead of its stage run's.")
 @handle_errors
@@ -245,8 +248,8 @@ def logs(ref: str, smoke: bool) -> None:
 
 
 @main.command()
-@click.argument("ref")
-@click.argument("alias")
+@click.argument("ref", type=REF)
+@click.argument("alias", type=ALIAS)
 @click.option("--note", help="Why (kept in the alias history).")
 @click.option("--allow-unready", is_flag=True,
               help="Tag a built (not yet smoke-tested) artifact; recorded in the history.")
@@ -270,7 +273,7 @@ def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
 
 
 @main.command()
-@click.argument("alias")
+@click.argument("alias", type=ALIAS)
 @handle_errors
 def untag(alias: str) -> None:
     """Remove ALIAS (its history is kept, in the registry and in the store).
@@ -285,7 +288,7 @@ def untag(alias: str) -> None:
 
 
 @main.command()
-@click.argument("alias")
+@click.argument("alias", type=ALIAS)
 @click.option("--note", help="Why (kept in the alias history).")
 @click.option("--json", "as_json", is_flag=True, help="Print {alias, digest, previous}.")
 @handle_errors

@@ -173,6 +173,53 @@ class ModelName(click.ParamType[str]):
 MODEL: Final = ModelName()
 
 
+class Ref(click.ParamType[str]):
+    """REF: a digest, a digest prefix or an alias (`registry.identity.refs.check_ref`),
+    checked as the command line is parsed: a malformed one is exit 2, before anything is
+    opened; with *keys*, a stage key (`k1:…`) too."""
+
+    name = "REF"
+
+    def __init__(self, *, keys: bool = False) -> None:
+        self.keys = keys
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from registry.errors import UsageError
+        from registry.identity.refs import check_ref
+
+        text = str(value)
+        if self.keys and text.startswith("k1:"):
+            return text
+        try:
+            return check_ref(text)
+        except UsageError as exc:
+            self.fail(str(exc) + (", or a stage key (k1:…)" if self.keys else ""), param, ctx)
+
+
+REF: Final = Ref()
+
+
+class AliasName(click.ParamType[str]):
+    """ALIAS: an alias name (`registry.identity.refs.check_alias_name`), checked as the
+    command line is parsed."""
+
+    name = "ALIAS"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from registry.errors import UsageError
+        from registry.identity.refs import check_alias_name
+
+        try:
+            return check_alias_name(str(value))
+        except UsageError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+ALIAS: Final = AliasName()
+
+
 def handle_errors(func: F) -> F:
     """Turn enginectl errors into one line and an exit code; anything else into exit 1."""
 

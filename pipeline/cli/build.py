@@ -10,6 +10,7 @@ import click
 from pipeline.cli.base import (
     MODEL,
     QUIET,
+    REF,
     VERBOSE,
     announce,
     context,
@@ -243,7 +244,7 @@ def compare(model: str, gpu: str | None, as_json: bool, html_path: Path | None) 
 
 
 @main.command()
-@click.argument("ref")
+@click.argument("ref", type=REF)
 @click.option("--json", "as_json", is_flag=True, help="Print the smoke report as JSON.")
 @handle_errors
 def smoke(ref: str, as_json: bool) -> None:

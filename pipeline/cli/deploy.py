@@ -10,6 +10,7 @@ import click
 
 from pipeline.cli.base import (
     MODEL,
+    REF,
     announce,
     context,
     echo_json,
@@ -25,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _selection_options(func: F) -> F:
     """What pull and serve share: REF, or --model and what resolve needs for this node."""
     options = [
-        click.argument("ref", required=False),
+        click.argument("ref", type=REF, required=False),
         click.option("--model", type=MODEL,
                      help="Resolve for this node instead of naming a REF."),
         click.option("--gpu", default="auto", show_default=True,

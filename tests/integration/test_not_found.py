@@ -173,3 +173,26 @@ def test_the_exit_codes_are_in_help_and_the_page_alike() -> None:
     table = re.findall(r"^\| `(\d+)` \| (.+?) \|$", page, re.MULTILINE)
     assert [(int(code), meaning) for code, meaning in table] == list(EXIT_CODES)
     assert len(re.findall(r"^Exit codes", page, re.MULTILINE)) == 1  # the one table
+
+
+@pytest.mark.parametrize("ref", ["!!@@##", "", "sha256:"])
+@pytest.mark.parametrize("args", [
+    ["show", "REF"], ["fetch", "REF", "-o", "OUT"], ["pull", "REF", "-o", "OUT"],
+    ["serve", "REF"], ["logs", "REF"], ["tag", "REF", "llama/h100/canary"], ["smoke", "REF"],
+    ["untag", "REF"], ["rollback", "REF"],
+])
+def test_a_ref_of_no_known_form_is_a_usage_error_naming_the_forms(
+    home: dict[str, str], args: list[str], ref: str,
+) -> None:
+    """Not "not found" (exit 6, the registry's answer to a well-formed ref it lacks): exit 2,
+    one line naming what a REF may be (an ALIAS, what an alias name may be), said as the
+    command line is parsed, before anything is opened or written."""
+    line = run(home, *[{"REF": ref, "OUT": home["OUT"]}.get(a, a) for a in args], code=2)
+    assert repr(ref) in line, line
+    if args[0] in ("untag", "rollback"):
+        assert "is not a valid name" in line, line
+    else:
+        assert "a digest (sha256:<64 hex>)" in line, line
+        assert "12 or more hex digits" in line, line
+        assert "an alias (e.g. llama70b/h100/prod)" in line, line
+    assert not Path(home["OUT"]).exists()
