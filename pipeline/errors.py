@@ -11,9 +11,12 @@
     ├── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
     │                      SKU no node has, a pool whose nodes disagree; names the pools
     ├── BuildCancelledError  Ctrl-C stopped a build (exit 130): what was kept, how to resume
-    └── RuntimeMissingError  this machine has no program to serve an artifact with (exit 2,
-                           `pull`/`serve`): the runtime and where it was looked for; never the
-                           artifact's fault
+    ├── RuntimeMissingError  this machine has no program to serve an artifact with (exit 2,
+    │                      `pull`/`serve`): the runtime and where it was looked for; never the
+    │                      artifact's fault
+    registry.errors.UsageError
+    └── NoNvidiaSmiError   `--gpu auto` on a machine without nvidia-smi (exit 2): pass --gpu
+                           SKU, or --gpu cpu where the model has an entry proven on the CPU
 
 Each message is one line that says what failed, quotes the bad value and names the fix.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from registry.errors import EnginectlError
+from registry.errors import EnginectlError, UsageError
 
 
 class RecipeError(EnginectlError):
@@ -145,3 +148,11 @@ class RuntimeMissingError(EnginectlError):
         self.runtime = runtime
         self.detail = detail
         super().__init__(f"cannot serve a {runtime} artifact on this machine: {detail}")
+
+
+class NoNvidiaSmiError(UsageError):
+    """`--gpu auto` on a machine without nvidia-smi: nothing says what GPU it has."""
+
+    def __init__(self, hint: str = "pass --gpu SKU (e.g. --gpu h100)") -> None:
+        self.hint = hint
+        super().__init__(f"--gpu auto reads nvidia-smi, which is not on this machine; {hint}")

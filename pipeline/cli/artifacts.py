@@ -353,10 +353,12 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
     from registry.errors import RecordNotFoundError
     from registry.ops.resolve import resolve as rank_for
 
+    ctx = context(readonly=True)
     request = node_request(model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                           min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven)
+                           min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
+                           ctx=ctx)
     spec = request.gpu
-    ranked = rank_for(context(readonly=True), request, explain=explain)
+    ranked = rank_for(ctx, request, explain=explain)
     if as_json:
         echo_json(ranked.as_dict())
     else:

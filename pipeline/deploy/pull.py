@@ -161,11 +161,15 @@ def ref_notes(found: Found, *, allow_unready: bool) -> tuple[str, ...]:
 
 def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None,
                  min_seq_len: int | None = None, min_batch: int | None = None,
-                 prefer: Sequence[str] = (), allow_unproven: bool = False) -> Request:
+                 prefer: Sequence[str] = (), allow_unproven: bool = False,
+                 ctx: Context | None = None) -> Request:
     """The resolve request for this node: *gpu* "auto" reads nvidia-smi and this node's
     fingerprint (`_installed_toolchain`: the proofs are compared with it, and an engine must
     match its TRT-LLM and TensorRT), else a catalog name (only the SKU is known).
-    *allow_unproven* (`--allow-unproven`) also ranks what has no passing proof on the SKU."""
+    *allow_unproven* (`--allow-unproven`) also ranks what has no passing proof on the SKU.
+    With *ctx*, "auto" on a machine without nvidia-smi suggests `--gpu cpu` when *model* has
+    an entry proven on the CPU (`_cpu_hint`)."""
+    from pipeline.errors import NoNvidiaSmiError
     from pipeline.planning.toolchain import local_gpu
     from registry.gpus import GpuSpec, lookup_gpu
     from registry.ops.resolve import Request
@@ -174,7 +178,13 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
     if isinstance(gpu, GpuSpec):
         spec = gpu
     elif gpu == "auto":
-        spec, counted = local_gpu()
+        try:
+            spec, counted = local_gpu()
+        except NoNvidiaSmiError as exc:
+            hint = None if ctx is None else _cpu_hint(ctx, model)
+            if hint is None:
+                raise
+            raise NoNvidiaSmiError(hint) from exc
         gpu_count = gpu_count or counted
         toolchain = _installed_toolchain()
     else:
@@ -184,17 +194,34 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
                    allow_unproven=allow_unproven)
 
 
+def _cpu_hint(ctx: Context, model: str) -> str | None:
+    """`pass --gpu cpu: …` when the registry has an entry of *model* that resolve would pull
+    on the CPU (ready, proven there), else None; a registry that cannot say is None too."""
+    from registry.errors import RegistryError, UsageError
+    from registry.gpus import lookup_gpu
+    from registry.ops.resolve import Request, resolve
+
+    try:
+        ranked = resolve(ctx, Request(model=model, gpu=lookup_gpu("cpu")))
+    except (RegistryError, UsageError):  # no registry, an unknown model: the plain message
+        return None
+    if not ranked.candidates:
+        return None
+    return (f"{model} has a vLLM entry proven on the CPU ({ranked.candidates[0].digest[:19]}…): "
+            "pass --gpu cpu to serve it here, or --gpu SKU")
+
+
 def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
           gpu_count: int | None = None, min_seq_len: int | None = None,
           min_batch: int | None = None, prefer: Sequence[str] = (),
-          allow_unproven: bool = False) -> Request | None:
+          allow_unproven: bool = False, ctx: Context | None = None) -> Request | None:
     """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
     for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
     if (ref is None) == (model is None):
         raise UsageError(f"{verb} takes a REF or --model, not both")
     return None if model is None else node_request(
         model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer, allow_unproven=allow_unproven)
+        prefer=prefer, allow_unproven=allow_unproven, ctx=ctx)
 
 
 def _installed_toolchain() -> dict[str, Any]:
@@ -381,7 +408,8 @@ def pull(
     *dest*, and write the command that serves it on this node (module doc); *warm* False
     (`--no-warm`) leaves the warm cache out."""
     request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven)
+                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
+                    ctx=ctx)
     dest = check_dest(dest, force=force, verb="pull", places=protected_places(ctx))
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)

@@ -218,7 +218,8 @@ def serve(
     `MachineError` (exit 3), before anything is pulled, when the artifact needs more GPUs
     of its SKU (tp × pp) than nvidia-smi lists here (`pipeline.planning.capacity`)."""
     request = asked("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven)
+                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
+                    ctx=ctx)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     if (short := serving_shortfall(selection.manifest.labels)) is not None:  # before a pull
         raise short.error(f"cannot serve {selection.found.digest} here")

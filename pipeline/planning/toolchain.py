@@ -250,8 +250,9 @@ def local_gpu() -> tuple[GpuSpec, int]:
 
     answer = query_gpus("name")
     if answer.smi is None:
-        raise UsageError("--gpu auto reads nvidia-smi, which is not on this machine; "
-                         "pass --gpu SKU (e.g. --gpu h100)")
+        from pipeline.errors import NoNvidiaSmiError
+
+        raise NoNvidiaSmiError()
     if answer.failed:
         why = answer.failed if answer.timed_out else f"{answer.failed}: {answer.stderr}"
         raise UsageError(f"nvidia-smi failed ({why}); pass --gpu SKU")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from registry.errors import NoRegistryError, RecordNotFoundError
 from registry.sql import alias_records, leases, records, smoke_records
 from registry.sql.aliases import pinned_by_rollback
 from registry.sql.evidence import Evidence, evidence_for
@@ -28,9 +29,25 @@ def _evidence(found: list[Evidence]) -> list[dict[str, Any]]:
              "passed_at": e.passed_at.isoformat()} for e in found]
 
 
+def _not_made_yet(ctx: Context, exc: NoRegistryError) -> bool:
+    """Whether *exc* says only that the embedded default registry (the SQLite file in the
+    home, no ENGINECTL_REGISTRY_URL) was not made yet: nothing was built or imported, which
+    `ls` and `show` answer as an empty registry. A registry the user configured that is not
+    there stays an error (exit 4): that one is a typo or an outage."""
+    configured = "ENGINECTL_REGISTRY_URL" in ctx.config.origins.get("registry_url", "")
+    return exc.missing and not configured
+
+
 def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
     """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first,
-    each with the GPUs its smoke runs passed on (`evidence`)."""
+    each with the GPUs its smoke runs passed on (`evidence`); none before the embedded
+    default registry was made (`_not_made_yet`)."""
+    try:
+        ctx.registry  # noqa: B018 - opening it says whether there is one
+    except NoRegistryError as exc:
+        if _not_made_yet(ctx, exc):
+            return []
+        raise
     with ctx.registry.session(readonly=True) as session:
         found = records.list_artifacts(session, **filters)
         evidence = evidence_for(session, [r.digest for r in found])
@@ -39,12 +56,21 @@ def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
 
 
 def show(ctx: Context, ref: str) -> dict[str, Any]:
-    """Everything known about one artifact: its row, manifest, aliases (and the rollbacks
+    """Everything known about one artifact (`RecordNotFoundError` when there is none, also
+    before the embedded default registry was made): its row, manifest, aliases (and the rollbacks
     that pin them: `pins`), smoke reports, its warm caches (`warm_caches`: where each was
     captured), and its provenance as a tree of input artifacts down to the source
     checkpoint."""
     from registry.ops.fetch import load_manifest
 
+    try:
+        ctx.registry  # noqa: B018 - opening it says whether there is one
+    except NoRegistryError as exc:
+        if _not_made_yet(ctx, exc):  # an empty registry: nothing is called *ref* (exit 6)
+            raise RecordNotFoundError(
+                "artifact or alias", ref, hint="nothing was built or imported yet: "
+                "`enginectl build RECIPE` or `enginectl import DIR` adds one") from exc
+        raise
     with ctx.registry.session(readonly=True) as session:
         digest = resolve_ref(session, ref)
         record = records.get_artifact(session, digest)

@@ -297,6 +297,16 @@ def test_the_cli_prints_the_command_and_refuses_what_is_not_proven(
     on_ref = cli(env, "pull", "m/cpu/prod", "--allow-unproven", "-o", str(tmp_path / "r"),
                  code=2)
     assert "--allow-unproven is for --model" in on_ref.stderr
+    # --gpu auto with no nvidia-smi here: the entry proven on the CPU is the way out
+    no_smi = {**env, "PATH": "/usr/bin:/bin"}
+    for verb, out in (("pull", ["-o", str(tmp_path / "auto")]), ("serve", []),
+                      ("resolve", ["--gpu", "auto"])):
+        auto = cli(no_smi, verb, "--model", "m", *out, code=2)
+        assert stderr_of(auto) == (
+            "enginectl: error: --gpu auto reads nvidia-smi, which is not on this machine; m "
+            f"has a vLLM entry proven on the CPU ({entry[:19]}…): pass --gpu cpu to serve it "
+            "here, or --gpu SKU\n")
+    assert not (tmp_path / "auto").exists()
 
     artifacts.set_status(ctx, entry, "quarantined", "smoke failed: greedy: wrong output")
     for verb in ("pull", "fetch"):
