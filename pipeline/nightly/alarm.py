@@ -198,6 +198,7 @@ def target_levels(ctx: Context, plan: Plan, old: Plan | None, target_id: str,
                                             key=old_chain[-1], gpu=gpu)
     start = None if new_report is None else {
         "ready_s": new_report.report.get("ready_s"),
-        "warm_cache": new_report.report.get("warm_cache")}
+        "warm_cache": new_report.report.get("warm_cache"),
+        "warm_use": new_report.report.get("warm_use")}
     return compare_levels(old_report.report if old_report else None,
                           new_report.report if new_report else None, None), start

@@ -116,7 +116,8 @@ def _target_lines(target: TargetReport) -> list[str]:
     if target.start and target.start.get("ready_s") is not None:
         warm = target.start.get("warm_cache")
         lines.append(f"    start    {target.start['ready_s']:.1f} s to ready, "
-                     + (f"warm (from {str(warm)[:19]}…)" if warm else "cold"))
+                     + (f"warm (from {str(warm)[:19]}…, warm_cache: "
+                        f"{target.start.get('warm_use') or 'not observed'})" if warm else "cold"))
     for promotion in target.promotions:
         old = promotion.old[:19] + "…" if promotion.old else "nothing"
         new = promotion.new[:19] + "…" if promotion.new else "-"

@@ -37,14 +37,20 @@ class Toolchain:
     modelopt: str | None = None
     torch: str | None = None
     transformers: str | None = None
-    vllm: str | None = None
+    vllm: str | None = None  # as vLLM's own Python has it, local version (+cu128) kept
+    vllm_torch: str | None = None  # the torch in vLLM's Python
+    vllm_cuda: str | None = None  # torch.version.cuda in vLLM's Python (None: a CPU build)
+    vllm_triton: str | None = None  # the Triton in vLLM's Python
     image: str | None = None
 
     def as_dict(self) -> dict[str, str | int | None]:
         return {name: getattr(self, name) for name in FIELDS}
 
     def pinned(self, pins: ToolchainPins) -> Toolchain:
-        overrides = {k: v for k, v in pins.model_dump(exclude={"rebuild_on"}).items() if v}
+        """This toolchain with the recipe's *pins* over it; a vLLM pin without a local version
+        (`0.11.0`) keeps the local version found (`0.11.0+cu128`), which the key needs."""
+        overrides = {k: v for k, v in pins.model_dump(exclude={"rebuild_on"}).items()
+                     if v and not (k == "vllm" and _same_public(self.vllm, v))}
         return replace(self, **overrides)
 
     def on(self, gpu: GpuSpec) -> Toolchain:
@@ -52,6 +58,11 @@ class Toolchain:
 
 
 FIELDS: Final = tuple(f.name for f in fields(Toolchain))
+
+
+def _same_public(found: str | None, pinned: str | None) -> bool:
+    """Whether *found* is *pinned* with a local version added (`0.11.0+cu128`, `0.11.0`)."""
+    return bool(found and pinned and "+" not in pinned and found.partition("+")[0] == pinned)
 
 
 def from_dict(values: Mapping[str, Any]) -> Toolchain:
@@ -106,12 +117,16 @@ STAGE_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "convert": ("trtllm",),
     "build:trtllm": ("gpu", "sm", "driver", "cuda", "tensorrt", "trtllm", "image"),
     "build:trtllm-pytorch": ("trtllm",),
-    "build:vllm": ("vllm",),
+    "build:vllm": ("vllm", "vllm_torch", "vllm_cuda", "vllm_triton"),
     "smoke:trtllm": ("gpu", "sm", "driver", "cuda", "tensorrt", "trtllm", "image"),
     "smoke:trtllm-pytorch": ("gpu", "sm", "driver", "cuda", "trtllm", "image"),
-    "smoke:vllm": ("gpu", "sm", "driver", "cuda", "vllm"),
+    "smoke:vllm": ("gpu", "sm", "driver", "vllm", "vllm_torch", "vllm_cuda", "vllm_triton"),
 }
 REBUILD_FIELDS: Final = TOOLCHAIN_FIELDS
+# vLLM's stages are keyed with what vLLM's own Python has (its torch, that torch's CUDA, its
+# Triton: `probe`), never the builder's `torch` and `cuda`; a recipe's `rebuild_on` names
+# them all as `vllm`.
+_COUNTED_AS: Final = {"vllm_torch": "vllm", "vllm_cuda": "vllm", "vllm_triton": "vllm"}
 
 
 def key_toolchain(
@@ -125,7 +140,7 @@ def key_toolchain(
     return {
         name: values[name]
         for name in STAGE_FIELDS[stage]
-        if name in ("gpu", "sm") or name in rebuild_on
+        if name in ("gpu", "sm") or _COUNTED_AS.get(name, name) in rebuild_on
     }
 
 
@@ -308,7 +323,9 @@ def probe(settings: Settings | None = None) -> Probe:
     toolchain = Toolchain(
         gpu=gpu, sm=sm, driver=smi.driver, driver_cuda=smi.driver_cuda,
         cuda=cuda_release(found.get("cuda")),
-        vllm=fingerprint_version(vllm.version if vllm.version != "?" else None), image=image,
+        vllm=None if vllm.version in (None, "?") else vllm.version.strip() or None,
+        vllm_torch=fingerprint_version(vllm.torch), vllm_cuda=cuda_release(vllm.cuda),
+        vllm_triton=fingerprint_version(vllm.triton), image=image,
         **{part: fingerprint_version(versions.get(dist)) for part, dist in PACKAGES.items()},
     )
     sources = {
@@ -319,6 +336,8 @@ def probe(settings: Settings | None = None) -> Probe:
         "cuda": problem or f"torch.version.cuda in {python}",
         **{part: problem or f"{dist} in {python}" for part, dist in PACKAGES.items()},
         "vllm": vllm.problem or f"{vllm.distribution or 'vllm'} in {vllm.path}",
+        **{f"vllm_{part}": vllm.problem or f"{what} in {vllm.path}" for part, what in (
+            ("torch", "torch"), ("cuda", "torch.version.cuda"), ("triton", "triton"))},
         "image": "ENGINECTL_IMAGE_DIGEST" + ("" if image else " (not set)"),
     }
     return Probe(toolchain, smi.name, smi.count, note, sources)
@@ -350,6 +369,8 @@ def for_build(probed: Toolchain, pins: ToolchainPins) -> Toolchain:
         k: v for k, v in probed.as_dict().items() if v is not None and k not in ("gpu", "sm")
     }
     for name, pinned in pins.model_dump(exclude={"rebuild_on"}).items():
+        if name == "vllm" and _same_public(found.get(name), pinned):
+            continue
         if pinned and found.get(name) not in (None, pinned):
             raise UsageError(
                 f"the recipe pins toolchain.{name} {pinned!r}, this machine has "

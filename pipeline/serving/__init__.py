@@ -5,9 +5,11 @@
     server    an artifact's server as a process: started on a free port, awaited until it
               generates, always stopped (the whole group)
     smoke     serve an artifact, run the checks and the load: a smoke report
-    smoke_here  smoking here: whether this machine can smoke an artifact, what it serves,
-              and recording the verdict (`enginectl smoke REF`, and the smoke stage of a
-              build)
+    smoke_here  smoking here: whether this machine can smoke an artifact, what it serves
+              (`enginectl smoke REF`)
+    verdict   the one smoke verdict, for `enginectl smoke REF` and a build's smoke stage:
+              the checks with the recipe's references, a warm start retried cold, the
+              machine's faults, then recording it and capturing the warm cache
     compare   the side-by-side table of a model's ready artifacts from their smoke reports;
               `compare_html` writes it as one page
     abgate    the nightly's same-run A/B of an alias's incumbent and its candidate

@@ -69,6 +69,7 @@ class Row:
     levels: tuple[Level, ...] = ()
     smoked_on: str | None = None  # the GPU SKU (or "CPU") its report ran on; None: unknown
     warm_ready_s: float | None = None  # the latest passing smoke that started from a warm cache
+    warm_use: str | None = None  # what its runtime did with the cache ("used", "placed, not …")
 
     @property
     def label(self) -> str:
@@ -85,7 +86,7 @@ class Row:
             "tp": self.tp, "size": self.size, "label": self.label,
             "created_at": _iso(self.created_at), "build_s": self.build_s,
             "smoked_at": _iso(self.smoked_at), "ready_s": self.ready_s,
-            "warm_ready_s": self.warm_ready_s,
+            "warm_ready_s": self.warm_ready_s, "warm_use": self.warm_use,
             "best_output_tokens_per_s": self.best_output_tokens_per_s,
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "price_per_hour": self.price_per_hour, "smoked_on": self.smoked_on,
@@ -136,7 +137,8 @@ def compare(ctx: Context, model: str, gpu: str | None = None) -> Comparison:
             cold = [s for s in passing if not s.report.get("warm_cache")]
             warm = [s for s in passing if s.report.get("warm_cache")]
             row = _row(record, cold[-1] if cold else (passing[-1] if passing else None), build_s)
-            rows.append(replace(row, warm_ready_s=_float(warm[-1].report.get("ready_s")))
+            rows.append(replace(row, warm_ready_s=_float(warm[-1].report.get("ready_s")),
+                                warm_use=_text(warm[-1].report.get("warm_use")))
                         if warm else row)
     if not rows:
         where = f" on {sku}" if sku else ""
@@ -216,13 +218,24 @@ def ttft(level: Level | None) -> str:
     return f"{number(level.ttft_p50_s, '.3f')}/{number(level.ttft_p95_s, '.3f')}"
 
 
+def _warm(row: Row) -> str:
+    """The WARM cell: its start, marked when the runtime did not use the cache it was given."""
+    if row.warm_ready_s is None or row.warm_use in (None, "used"):
+        return _seconds(row.warm_ready_s)
+    return f"{_seconds(row.warm_ready_s)} (not used)"
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _cost(value: float | None) -> str:
     return "-" if value is None else f"${value:.2f}"
 
 
 def summary_cells(row: Row) -> list[str]:
     return [row.kind, row.gpu or "-", row.quant or "-", str(row.tp), _size(row.size),
-            _seconds(row.build_s), _seconds(row.ready_s), _seconds(row.warm_ready_s),
+            _seconds(row.build_s), _seconds(row.ready_s), _warm(row),
             number(row.best_output_tokens_per_s, ".1f"), _cost(row.cost_per_million_tokens),
             row.smoked_on or ("-" if row.smoked_at is None else "unknown")]
 

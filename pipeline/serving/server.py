@@ -94,6 +94,7 @@ class Server:
         self.cwd = cwd
         self.grace_s = grace_s
         self.started_at = 0.0
+        self._log_offset = 0  # where this start's lines begin in the log (it is appended to)
         self._process: Process | None = None
         self._stopped = False
         self._stop_lock = threading.Lock()
@@ -107,6 +108,8 @@ class Server:
 
     def start(self) -> None:
         """Start the process; OSError when it cannot be (no such program)."""
+        with contextlib.suppress(OSError):
+            self._log_offset = self.log_path.stat().st_size
         self._process = start_process(self.argv, log_path=self.log_path,
                                       env={**os.environ, **self.env}, cwd=self.cwd)
         self.started_at = self._process.started_at
@@ -125,9 +128,11 @@ class Server:
         return log_tail(self.log_path, lines)
 
     def first_exception(self) -> str | None:
-        """The first exception line of the log (its root cause, usually), shortened."""
+        """The first exception line of this start's part of the log (its root cause,
+        usually), shortened."""
         try:
             with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
                 text = log.read(4 << 20).decode("utf-8", errors="replace")
         except OSError:
             return None

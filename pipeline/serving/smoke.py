@@ -44,6 +44,8 @@ class SmokeReport:
     argv: list[str]
     failure: str | None  # "<check>: <message>" of the first failing check
     warm_cache: str | None = None  # the warm cache the server started from (None: cold)
+    warm_use: str | None = None  # what the runtime did with it: "used", "placed, not used (…)"
+    warm_refused: str | None = None  # why this start is cold: its server failed warm
 
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -58,6 +60,7 @@ class SmokeReport:
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "price_per_hour": self.price_per_hour, "log_path": str(self.log_path),
             "argv": list(self.argv), "warm_cache": self.warm_cache,
+            "warm_use": self.warm_use, "warm_refused": self.warm_refused,
             "checks": [c.as_dict() for c in self.checks],
             "load": [level.as_dict() for level in self.load],
         })

@@ -1,6 +1,6 @@
 """smoke_here: serve an artifact with its real server and prove it answers
-(`pipeline.serving.smoke` does the serving; this module decides whether this machine can,
-what to serve, and records the verdict: `record_verdict`, for a build and `enginectl smoke`).
+(`pipeline.serving.smoke` does the serving; this module decides whether this machine can and
+what to serve; `pipeline.serving.verdict` judges it, for a build and `enginectl smoke` alike).
 
 An engine serves itself; a no-build entry serves the checkpoint it names as its input. The
 server argv is the one the plan built for the smoke run, with `{port}` chosen at start.
@@ -9,42 +9,32 @@ Quarantine means the artifact failed. A machine that cannot serve it — no GPU 
 vLLM's Python without vllm, no `trtllm-serve` — is found out before the server starts
 (`unavailable`, `cannot_serve_here`), and a server that dies at start because its runtime is
 missing (`No module named 'vllm'`, no CUDA driver) is read as the machine's fault too
-(`machine_fault`): the artifact's status stays as it was and the reason is printed. A passing
-re-smoke moves a quarantined artifact back to `ready` (`enginectl smoke REF`).
+(`pipeline.serving.verdict.machine_fault`): the artifact's status stays as it was and the
+reason is printed. A passing re-smoke moves a quarantined artifact back to `ready`
+(`enginectl smoke REF`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from pipeline.host.runtimes import program, vllm_in
 from pipeline.recipe.schema import SmokeSettings
-from pipeline.stages.serve import trtllm_served_name, vllm_form
+from pipeline.serving.verdict import answers_to
+from pipeline.stages.serve import vllm_form
 
 if TYPE_CHECKING:
     from pipeline.deploy.tokenizer import Tokenizer
     from pipeline.planning.plan import StageRun
     from pipeline.planning.toolchain import Toolchain
     from pipeline.serving.smoke import SmokeReport
-    from pipeline.serving.warm import Launch
     from pipeline.settings import Settings
     from registry.context import Context
     from registry.identity.manifest import Manifest
     from registry.sql.records import ArtifactRecord
 
-# What a server that could not start for want of its runtime says (the ready check's
-# message, the log's first exception, its tail): never a property of the artifact.
-_MACHINE_FAULTS: Final = re.compile(
-    r"cannot start \S+: \[Errno \d+\]"
-    r"|No module named '?(?:vllm|tensorrt_llm|tensorrt|torch)\b[\w.]*'?"
-    r"|no CUDA-capable device|No CUDA GPUs are available|Found no NVIDIA driver"
-    r"|CUDA driver version is insufficient|NVIDIA driver on your system is too old"
-    r"|libcuda\.so[.\d]*: cannot open|Failed to initialize NVML"
-)
 
 
 def unavailable(run: StageRun, settings: Settings, local_gpu: str | None) -> str | None:
@@ -80,78 +70,10 @@ def cannot_serve_here(argv: list[str], record: ArtifactRecord,
     return None
 
 
-def machine_fault(report: SmokeReport) -> str | None:
-    """The reason, when *report* failed only because this machine lacks the server's
-    runtime: its server never became ready and says so."""
-    ready = report.check("ready")
-    if report.passed or ready is None or ready.passed:
-        return None
-    details = ready.evidence or {}
-    for text in (ready.message, details.get("cause"), details.get("log_tail")):
-        found = _MACHINE_FAULTS.search(str(text or ""))
-        if found:
-            return f"the server could not start here: {found.group(0)} (log {report.log_path})"
-    return None
-
-
-def record_verdict(ctx: Context, digest: str, report: SmokeReport, *, log: Path,
-                   gpu: str, toolchain: dict[str, Any], key: str | None = None) -> None:
-    """Record *report* as *digest*'s smoke evidence (measured on *gpu* with *toolchain*, with
-    its *log*), and move *digest* to `ready` on a pass, `quarantined` on a failure
-    (`registry.sql.history.record_smoke`)."""
-    from registry.sql import history
-
-    history.record_smoke(
-        ctx, digest, report.passed, report.as_dict(),
-        status="ready" if report.passed else "quarantined",
-        reason=None if report.passed else f"smoke failed: {report.failure}",
-        log=log, gpu=gpu, toolchain=toolchain, key=key)
-
-
 def _fix(digest: str, record: ArtifactRecord) -> str:
     """What to do when this machine cannot smoke *digest* (the error's last part)."""
     return (f"its status stays {record.status}; fix this machine or smoke it on one that "
             f"can, then rerun `enginectl smoke {digest}`")
-
-
-def run_smoke(
-    argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
-    max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
-    reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
-    started: Launch | None = None,
-) -> SmokeReport:
-    """Smoke *argv*; with *started* (`pipeline.serving.warm.launch`), the server runs from
-    its serving directory with its caches there, to be captured after a pass."""
-    from pipeline.serving.smoke import smoke
-
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else {}
-    if started is not None:
-        argv, env = started.argv, {**env, **started.env}
-    return smoke(argv, model_dir=model_dir, served_name=answers_to(argv, model_dir, served_name),
-                 settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
-                 log_path=log_path, env=env or None, reference=reference, threshold=threshold,
-                 cwd=None if started is None else started.cwd,
-                 warm_cache=None if started is None else started.seeded)
-
-
-def capture_warm(ctx: Context, digest: str, started: Launch | None, *, log: Path) -> str | None:
-    """After a passing smoke of *digest* started by *started* (`pipeline.serving.warm.seed`):
-    publish what its server wrote as its warm cache (`pipeline.serving.warm.capture`); the
-    cache's digest, or None. A failure is noted in *log* and never fails the smoke."""
-    from pipeline.serving.warm import capture
-    from registry.errors import RegistryError
-    from registry.ops.fetch import load_manifest
-
-    if started is None or started.key is None:
-        return None
-    try:
-        found = capture(ctx, started, artifact=digest, labels=load_manifest(ctx, digest).labels)
-        note = "wrote no cache" if found is None else f"warm cache {found} captured"
-    except (OSError, RegistryError, ValueError) as exc:
-        found, note = None, f"warm cache not captured: {type(exc).__name__}: {exc}"
-    with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as out:
-        out.write(f"\nenginectl: {note}\n")
-    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,22 +138,14 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
                   {"VLLM_CPU_KVCACHE_SPACE": "1"} if record.gpu is None else None)
 
 
-def answers_to(argv: list[str], model_dir: Path, name: str) -> str:
-    """The model id the server answers to: *name*, or for trtllm-serve (which has no
-    served-name option) what it makes of its model argument."""
-    if Path(argv[0]).name != "trtllm-serve":
-        return name
-    model = argv[1].replace("{model_dir}", str(model_dir))
-    return trtllm_served_name(model, is_dir=Path(model).is_dir())
-
-
 def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, SmokeReport]:
     """`enginectl smoke REF`: serve a registered engine or entry here with the argv its
-    manifest records, record the report, and move it to `ready` or `quarantined` (a pass
-    also clears a quarantine). `MachineError` when this machine cannot serve it: then
-    nothing is recorded and its status stays."""
+    manifest records and judge it as a build's smoke does (`pipeline.serving.verdict`: its
+    recipe's reference outputs and agreement, the warm start and capture), record the report,
+    and move it to `ready` or `quarantined` (a pass also clears a quarantine). `MachineError`
+    when this machine cannot serve it: then nothing is recorded and its status stays."""
     from pipeline.errors import MachineError
-    from pipeline.serving.warm import launch, seed
+    from pipeline.serving.verdict import SmokeJob, conclude, judge
     from pipeline.settings import Settings
     from registry.context import Context
 
@@ -241,21 +155,16 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
         served = prepare_served(ctx, ref, settings)
         digest, record = served.digest, served.record
         log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
-        started = seed(ctx, settings, launch(served.argv, log.with_suffix(".serve")), digest)
-        report = run_smoke(
-            served.argv, model_dir=served.model_dir, served_name=record.model,
-            settings=served.settings, max_input_len=record.max_input_len or 128,
-            price_per_hour=served.settings.gpu_price_per_hour.get(record.gpu or "CPU"),
-            log_path=log, cpu=record.gpu is None, started=started,
-        )
-        if (fault := machine_fault(report)) is not None:
-            raise MachineError(f"cannot smoke {digest} here", fault, _fix(digest, record))
+        judged = judge(ctx, settings, SmokeJob(
+            digest, served.argv, served.model_dir, record.model, served.settings,
+            record.quant, record.max_input_len or 128,
+            served.settings.gpu_price_per_hour.get(record.gpu or "CPU"), log,
+            record.gpu is None, log.with_suffix(".serve")))
+        if judged.fault is not None:
+            raise MachineError(f"cannot smoke {digest} here", judged.fault, _fix(digest, record))
         measured = _where(settings)  # the evidence says where it was measured
-        record_verdict(ctx, digest, report, log=log, gpu=measured.gpu or "CPU",
-                       toolchain=measured.as_dict())
-        if report.passed:
-            capture_warm(ctx, digest, started, log=log)
-        return digest, report
+        conclude(ctx, judged, gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
+        return digest, judged.report
     finally:
         ctx.close()
 

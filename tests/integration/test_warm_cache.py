@@ -132,16 +132,83 @@ def test_a_smoke_captures_it_and_a_pull_places_the_exact_match(
     reports = json.loads(cli(env, "show", entry, "--json").stdout)["smoke_reports"]
     assert reports[0]["report"]["warm_cache"] is None
     assert reports[-1]["report"]["warm_cache"] == warm["digest"]
+    assert reports[-1]["report"]["warm_use"] == "used"  # the autotuner said it loaded it
+    assert warm_caches(env) == [warm]  # it started warm and changed nothing: no second one
     compared = json.loads(cli(env, "compare", "--model", "toy", "--json").stdout)
     (row,) = compared["rows"]
     assert row["warm_ready_s"] == reports[-1]["report"]["ready_s"]
+    assert row["warm_use"] == "used"
     assert row["ready_s"] == reports[0]["report"]["ready_s"]
+    again = cli(env, "pull", entry, "-o", tmp_path / "again", "--json")
+    assert "at its last smoke start the runtime used" in again.stderr
 
     cold = tmp_path / "cold"
     pulled = json.loads(cli(env, "pull", entry, "-o", cold, "--no-warm", "--json").stdout)
     assert pulled["warm_cache"] is None
     assert pulled["env"] == {}
     assert not (cold / ".warm").exists()
+
+
+def forged(tmp_path: Path, env: dict[str, str], warm: dict[str, Any], *,
+           toolchain: dict[str, Any] | None = None, content: bytes | None = None) -> str:
+    """A warm cache written beside *warm* with the API anyone with the bucket and the
+    registry has: its key column this node's, its manifest's *toolchain* or its autotuner
+    file's *content* not *warm*'s. Its digest."""
+    from registry.config import RegistryConfig
+    from registry.context import Context
+    from registry.ops.publish import publish
+
+    manifest = json.loads(cli(env, "show", warm["digest"], "--json").stdout)["manifest"]
+    files = tmp_path / "forged"
+    (files / "trtllm").mkdir(parents=True)
+    (files / "trtllm" / "autotuner.json").write_bytes(content or b'{"gemm:m=1": {}}')
+    ctx = Context(RegistryConfig.from_env(env))
+    try:
+        return publish(ctx, files, kind="warm-cache", status="ready", key=manifest["key"],
+                       labels=manifest["labels"], inputs=tuple(manifest["inputs"]),
+                       serve=manifest["serve"],
+                       toolchain=toolchain or manifest["toolchain"]).digest
+    finally:
+        ctx.close()
+
+
+def test_a_cache_whose_manifest_records_another_node_is_never_placed(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+    entry = built(tmp_path, env, tiny_model)
+    (warm,) = warm_caches(env)
+    manifest = json.loads(cli(env, "show", warm["digest"], "--json").stdout)["manifest"]
+    a100 = {**manifest["toolchain"], "gpu": "A100-SXM4-80GB", "sm": 80, "driver": "999.99.99"}
+    bad = forged(tmp_path, env, warm, toolchain=a100)
+    assert {w["key"] for w in warm_caches(env)} == {warm["key"]}  # the same key column
+    done = cli(env, "pull", entry, "-o", tmp_path / "served", "--json")
+    assert json.loads(done.stdout)["warm_cache"] == warm["digest"]  # the honest one
+    assert f"warm cache {bad[:19]} records another node" in done.stderr
+    assert "driver 999.99.99 → 570.124.06" in done.stderr
+
+
+def test_a_cache_the_server_fails_with_is_refused_and_the_verdict_is_the_cold_start(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+    entry = built(tmp_path, env, tiny_model)
+    (warm,) = warm_caches(env)
+    bad = forged(tmp_path, env, warm, content=b"{not json")
+    done = cli(env, "smoke", entry)  # starts from the newest: the broken one
+    assert done.returncode == 0
+    report = json.loads(cli(env, "show", entry, "--json").stdout)["smoke_reports"][-1]
+    assert report["passed"]
+    assert report["report"]["warm_cache"] is None  # the cold start is the verdict
+    assert f"failed with warm cache {bad}" in report["report"]["warm_refused"]
+    shown = json.loads(cli(env, "show", entry, "--json").stdout)
+    assert shown["artifact"]["status"] == "ready"
+    refused = json.loads(cli(env, "show", bad, "--json").stdout)["artifact"]
+    assert refused["status"] == "quarantined"
+    assert refused["status_reason"].startswith("refused: ")
+    assert bad not in {w["digest"] for w in warm_caches(env) if w["status"] == "ready"}
+    pulled = json.loads(cli(env, "pull", entry, "-o", tmp_path / "served", "--json").stdout)
+    assert pulled["warm_cache"] not in (None, bad)
+    fresh = {**env, "ENGINECTL_REGISTRY_URL": f"sqlite:///{tmp_path / 'fresh.db'}"}
+    cli(fresh, "reindex")  # the refusal is a record in the bucket: it comes back with it
+    pulled = json.loads(cli(fresh, "pull", entry, "-o", tmp_path / "again", "--json").stdout)
+    assert pulled["warm_cache"] not in (None, bad)
 
 
 def test_a_driver_bump_or_another_gpu_is_a_miss_said_in_one_line(

@@ -5,7 +5,7 @@ loaded again, through transformers, and fails as transformers fails.
 
 The engines are made by the convert and trtllm-build stand-ins from the argv enginectl emits,
 and served with the argv enginectl emits (pipeline.stages.serve.trtllm_serve_argv) through
-pipeline.serving.smoke_here.run_smoke, as the build and `enginectl smoke` run it.
+pipeline.serving.verdict.run_smoke, as the build and `enginectl smoke` run it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings, SmokeSettings, TrtllmServe
 from pipeline.serving.smoke import SmokeReport, smoke
-from pipeline.serving.smoke_here import run_smoke
+from pipeline.serving.verdict import run_smoke
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from pipeline.stages.serve import trtllm_serve_argv
