@@ -192,6 +192,15 @@ def test_a_bad_lease_ttl_is_a_usage_error(tmp_path: Path) -> None:
                     "86400, e.g. 120")
 
 
+def test_a_bad_warm_capture_cap_is_a_usage_error(tmp_path: Path) -> None:
+    env = {**env_for(tmp_path), "ENGINECTL_WARM_CAPTURE_MAX_BYTES": "lots"}
+    done = run_cli([ENGINECTL, "plan", str(GOOD_RECIPE)], cwd=ROOT, env=env, timeout=60)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line == (f"{PREFIX}ENGINECTL_WARM_CAPTURE_MAX_BYTES='lots': expected a size in "
+                    "bytes, e.g. 4G or 1073741824")
+
+
 def test_python_m_pipeline_cli_runs_it(tmp_path: Path) -> None:
     """`python -m pipeline.cli` is the console script: the same plan, the same one-line error
     (the other end-to-end tests run the installed `enginectl`)."""
