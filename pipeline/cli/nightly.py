@@ -19,6 +19,9 @@ from pipeline.cli.base import QUIET, echo_json, handle_errors, main, note, verbo
               help="With --executor ray: auto, HOST:6379 or ray://HEAD:10001 ($RAY_ADDRESS).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=2, show_default=True,
               help="Stage runs in parallel on the local executor.")
+@click.option("--accept-regression", is_flag=True,
+              help="Move aliases of a pool whose toolchain regressed (held otherwise); the "
+                   "run still exits 5 for the regression.")
 @click.option("--dry-run", is_flag=True,
               help="Probe and say what a run would rebuild and why; build nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -28,8 +31,9 @@ from pipeline.cli.base import QUIET, echo_json, handle_errors, main, note, verbo
               help="POST the JSON report (with a one-paragraph `text`) to this webhook; a "
                    "failed POST is reported and never fails the run.")
 @handle_errors
-def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, dry_run: bool,
-            as_json: bool, html_path: Path | None, notify_url: str | None) -> None:
+def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int,
+            accept_regression: bool, dry_run: bool, as_json: bool, html_path: Path | None,
+            notify_url: str | None) -> None:
     """Requalify RECIPES (files or directories; none: every recipe the registry has
     recorded, at its latest content) after toolchain bumps.
 
@@ -71,7 +75,8 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int, d
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
     report = run_nightly(recipes, executor=executor, address=address, dry_run=dry_run,
-                         jobs=jobs, echo=echo, note=note)
+                         jobs=jobs, echo=echo, note=note,
+                         accept_regression=accept_regression)
     if notify_url is not None:
         report.notify = notify(report, notify_url, timeout_s=timeout_s)
         if not report.notify["ok"]:

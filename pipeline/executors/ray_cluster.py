@@ -57,7 +57,7 @@ def connect(address: str, config: RegistryConfig) -> None:
     """Join the cluster at *address* (`auto`, `host:6379`, or `ray://head:10001`) as a driver
     whose tasks get the store and registry of *config*."""
     env = worker_env(config, os.environ)
-    _check_reachable(address)
+    check_reachable(address)
     try:
         ray.init(address=address, runtime_env={"env_vars": env}, namespace="enginectl",
                  logging_level=logging.ERROR, log_to_driver=False, ignore_reinit_error=True,
@@ -88,7 +88,7 @@ CONNECT_TIMEOUT_S: Final = 5.0
 ANSWER_TIMEOUT_S: Final = 10.0
 
 
-def _check_reachable(address: str) -> None:
+def check_reachable(address: str) -> None:
     """Fail in seconds when nothing at *address* answers as Ray does: Ray itself retries for
     minutes (a silent port, or one that speaks HTTP/1), then its C++ core ends the process
     with a page of log. Under RAY_USE_TLS only the connection is checked."""

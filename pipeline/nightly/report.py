@@ -64,6 +64,7 @@ def as_json(report: NightlyReport) -> dict[str, Any]:
         "started_at": report.started_at.isoformat(),
         "finished_at": report.finished_at.isoformat() if report.finished_at else None,
         "executor": report.executor, "dry_run": report.dry_run,
+        "accept_regression": report.accept_regression, "settled": report.settled,
         "nothing_changed": report.nothing_changed,
         "since": report.since.isoformat() if report.since else None,
         "waited_for": report.waited_for,
@@ -178,6 +179,9 @@ table.targets col.aliases { width: 16%; }
 tr[data-verdict="regressed"] td, tr[data-verdict="failed"] td { background: #fde8e8; }
 tr[data-verdict="held"] td { background: #fff4d6; }
 td details { font-size: 12px; color: #444; }
+p.alarm { background: #fde8e8; border: 2px solid #b00020; color: #b00020; font-weight: bold;
+  padding: 8px 12px; }
+span.kept { color: #444; font-size: 12px; }
 """
 
 
@@ -192,10 +196,18 @@ def _link(target: TargetReport) -> str:
 
 def _target_row(target: TargetReport) -> str:
     regression = target.regressions[0] if target.regressions else None
-    levels = regression.levels if regression else target.levels or next(
-        (p.levels for p in target.promotions if p.levels), [])
-    rates = "<br>".join(f"c={lv.concurrency}: {_rate(lv.old_tokens_per_s)} → "
-                        f"{_rate(lv.new_tokens_per_s)}" for lv in levels) or "-"
+    held = next((p for p in target.promotions if p.action == "held"), None)
+    kept = ""
+    if regression is not None:
+        levels = regression.levels
+    elif held is not None:  # what the alias keeps, beside the candidate it did not take
+        levels = held.levels
+        kept = (f'<span class="kept">{escape(held.alias)} keeps '
+                f'{escape((held.old or "nothing")[:19])}… → candidate</span><br>')
+    else:
+        levels = target.levels or next((p.levels for p in target.promotions if p.levels), [])
+    rates = kept + "<br>".join(f"c={lv.concurrency}: {_rate(lv.old_tokens_per_s)} → "
+                               f"{_rate(lv.new_tokens_per_s)}" for lv in levels) or "-"
     ttfts = "<br>".join(f"c={lv.concurrency}: {_ms(lv.old_ttft_p50_s)} → "
                         f"{_ms(lv.new_ttft_p50_s)}" for lv in levels) or "-"
     aliases = "<br>".join(f"{escape(p.action)} {escape(p.alias)}: {escape(p.reason)}"
@@ -221,7 +233,9 @@ def render_html(report: NightlyReport) -> str:
     summary = f'<p class="note" id="summary">{escape(paragraph(report))}</p>'
     pools = ('<table id="pools"><thead><tr><th>pool</th><th>GPU</th><th>changes</th></tr>'
              "</thead><tbody>")
-    body = [f"<h1>{escape(title)}</h1>", summary, "<h2>Pools</h2>", pools]
+    alarm = [f'<p class="alarm" id="alarm">{escape(_alarm(report))}</p>'] \
+        if report.regressions else []
+    body = [f"<h1>{escape(title)}</h1>", *alarm, summary, "<h2>Pools</h2>", pools]
     for pool in report.pools:
         changes = ", ".join(str(c) for c in pool.changes) or (
             "first probe" if pool.before is None else "unchanged")

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import BuildCancelledError
+from pipeline.errors import BuildCancelledError, FleetError
 from pipeline.executors.build import build_recipe
 from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.nightly.alarm import (
@@ -39,13 +40,14 @@ from pipeline.nightly.alarm import (
     regression,
     target_levels,
 )
-from pipeline.nightly.diff import KeyChange, key_changes, toolchain_changes
+from pipeline.nightly.diff import key_changes, toolchain_changes
 from pipeline.nightly.lease import LeaseKeeper
+from pipeline.nightly.settle import settle
+from pipeline.nightly.stages import stage_report
 from pipeline.nightly.verdict import (
     NightlyReport,
     PoolReport,
     RecipeReport,
-    StageReport,
     TargetReport,
 )
 from pipeline.planning.plan import Plan, plan_recipe
@@ -59,7 +61,7 @@ from pipeline.planning.toolchain import (
 )
 from pipeline.recipe.reader import LoadedRecipe, parse_recipe
 from pipeline.serving.abgate import remeasure
-from pipeline.serving.promote import latest_passing, promote_gated
+from pipeline.serving.promote import Promotion, latest_passing, promote_gated
 from pipeline.settings import Settings
 from registry.context import Context
 from registry.errors import EnginectlError, UsageError
@@ -140,10 +142,11 @@ def _outcomes(summary: BuildSummary | None) -> dict[str, Outcome]:
 
 def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address: str = "auto",
             dry_run: bool = False, jobs: int = 2, echo: Echo | None = None,
-            note: Echo | None = None) -> NightlyReport:
+            note: Echo | None = None, accept_regression: bool = False) -> NightlyReport:
     """One nightly over the recipes *arguments* names (files or directories; none: every
     recipe the registry has recorded); see the module doc. *echo* gets one line per
-    finished stage run, *note* the progress lines (stderr)."""
+    finished stage run, *note* the progress lines (stderr). *accept_regression* lets the
+    aliases of a pool whose toolchain regressed move (`settle`)."""
     say = note or (lambda _line: None)
     settings = Settings.from_env()
     ctx = Context()
@@ -155,33 +158,36 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
         if not loaded:
             raise UsageError("no recipe to requalify: name RECIPE files or directories, or "
                              "build one first (`enginectl build RECIPE` records it)")
-        report = NightlyReport(started_at=utcnow(), executor=executor, dry_run=dry_run)
+        if executor == "ray":  # a cluster that is not there: said now, nothing recorded
+            _check_cluster(address)
+        report = NightlyReport(started_at=utcnow(), executor=executor, dry_run=dry_run,
+                               accept_regression=accept_regression)
         keeper = None if dry_run else LeaseKeeper(ctx, settings, say).acquire(report)
         failed = True
         run_id: int | None = None
         try:
             with ctx.registry.session() as session:
                 last = nightly_runs.last_finished(session)
-                before = nightly_runs.last_probes(session)
+                base = nightly_runs.baseline(session)
                 run_id = None if dry_run else nightly_runs.start(
                     session, owner=keeper.owner if keeper else "", host=socket.gethostname())
             report.since = last.started_at if last else None
+            run = _Run(ctx, settings, base.probes, base.at or report.started_at,
+                       executor=executor, address=address, dry_run=dry_run, jobs=jobs,
+                       echo=echo)
             pools: set[str] = set()
-            probed_now: dict[str, dict[str, Any]] = {}
             for recipe in loaded:
                 if isinstance(recipe, RecipeReport):
                     report.recipes.append(recipe)
                     continue
                 _check(keeper)
                 say(f"nightly: {recipe.recipe.display_name} ({recipe.path})")
-                done, recipe_pools = _requalify(recipe, ctx, settings, before, executor=executor,
-                                                address=address, dry_run=dry_run, jobs=jobs,
-                                                echo=echo, probed_now=probed_now,
-                                                since=report.started_at)
+                done, recipe_pools = _requalify(recipe, run)
                 report.recipes.append(done)
                 pools |= recipe_pools
             _check(keeper)
-            report.pools = _pool_reports(sorted(pools), before, probed_now)
+            settle(ctx, run.pending, report.targets, accept_regression=accept_regression)
+            report.pools = _pool_reports(sorted(pools), run.before, run.probed_now)
             report.finished_at = utcnow()
             failed = False
             if run_id is not None:
@@ -199,6 +205,17 @@ def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address:
         return report
     finally:
         ctx.close()
+
+
+def _check_cluster(address: str) -> None:
+    """FleetError (exit 2) when nothing at *address* answers as a Ray cluster does (or Ray
+    is not installed here): before the nightly takes its lease or records a run."""
+    from pipeline.executors.fleet import require_ray
+
+    require_ray()
+    from pipeline.executors.ray_cluster import check_reachable
+
+    check_reachable(address)
 
 
 def _check(keeper: LeaseKeeper | None) -> None:
@@ -234,48 +251,65 @@ def _record_broken(ctx: Context, run_id: int | None, keeper: LeaseKeeper | None,
         raise why from exc
 
 
-def _requalify(
-        loaded: LoadedRecipe, ctx: Context, settings: Settings,
-        before: dict[str, build_inputs.ToolchainProbe], *, executor: str, address: str,
-        dry_run: bool, jobs: int, echo: Echo | None, probed_now: dict[str, dict[str, Any]],
-        since: datetime) -> tuple[RecipeReport, set[str]]:
-    """One recipe: probe (as its build does), re-plan, build what is missing, promote."""
-    name = loaded.recipe.display_name
-    done = RecipeReport(name, str(loaded.path), loaded.digest)
+@dataclass
+class _Run:
+    """What every recipe of one nightly is requalified with, and what it gathers."""
+
+    ctx: Context
+    settings: Settings
+    before: dict[str, build_inputs.ToolchainProbe]  # the baseline's probes
+    since: datetime  # proofs from then on are this work's (`nightly_runs.Baseline.at`)
+    executor: str
+    address: str
+    dry_run: bool
+    jobs: int
+    echo: Echo | None
+    probed_now: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: list[tuple[Plan, Promotion]] = field(default_factory=list)  # for `settle`
+
+
+def _requalify(loaded: LoadedRecipe, run: _Run) -> tuple[RecipeReport, set[str]]:
+    """One recipe: probe (as its build does), re-plan, build what the baseline's plan
+    lacks (keys missing from the registry, and keys that moved since the baseline, which a
+    nightly that did not settle may have built already), gate; the moves that the gate let
+    through are added to `run.pending` (`settle`)."""
+    done = RecipeReport(loaded.recipe.display_name, str(loaded.path), loaded.digest)
+    ctx, executor = run.ctx, run.executor
     try:
         probed = build_recipe(loaded.path, dry_run=True, ctx=Context(), run_on=executor,
-                              address=address, loaded=loaded, promote=False,
-                              record_probes=not dry_run)
+                              address=run.address, loaded=loaded, promote=False,
+                              record_probes=not run.dry_run)
+    except FleetError:
+        raise  # the cluster's fault, not the recipe's: the nightly stops (exit 2)
     except EnginectlError as exc:
         done.error, done.exit_code = f"cannot plan or probe: {exc}", exc.exit_code
         return done, set()
     plan = probed.plan
-    probed_now.update(probed.probes)
+    run.probed_now.update(probed.probes)
     pools = set(_pools_of(plan, executor)) & set(probed.probes) or set(probed.probes)
     missing = set(plan.stages) - built_keys(ctx.config.registry_url, set(plan.stages))
     lacking = _lacking_gpu(plan, probed.probes) if executor == "local" else {}
-    if not missing:
+    old = _keyed_before(loaded, run.settings, executor, run.before)
+    why = {} if old is None else {(c.target, c.new_key): c for c in key_changes(old, plan)}
+    todo = missing | {key for _target, key in why}
+    if not todo:
         done.targets = [TargetReport(p.target.id) for p in plan.targets]
         return done, pools
-    old = _keyed_before(loaded, settings, executor, before)
-    why: dict[tuple[str, str], KeyChange] = {}
-    if old is not None:
-        why = {(c.target, c.new_key): c for c in key_changes(old, plan)}
     with ctx.registry.session(readonly=True) as session:  # how they last ran, if ever
-        runs = leases.get_stage_runs(session, missing)
+        runs = leases.get_stage_runs(session, todo)
     runnable = {p.target.gpu.sku for p in plan.targets if p.target.id not in lacking
-                and set(p.chain) & missing}
+                and set(p.chain) & todo}
     summary: BuildSummary | None = None
-    if not dry_run and runnable:
+    if not run.dry_run and runnable:
         try:
-            built = build_recipe(loaded.path, jobs=jobs, keep_going=True, ctx=Context(),
-                                 run_on=executor, address=address, loaded=loaded,
-                                 promote=False, echo=echo, live=False, record_probes=False,
+            built = build_recipe(loaded.path, jobs=run.jobs, keep_going=True, ctx=Context(),
+                                 run_on=executor, address=run.address, loaded=loaded,
+                                 promote=False, echo=run.echo, live=False, record_probes=False,
                                  only=f"{runnable.pop()}/*" if lacking and len(runnable) == 1
                                  else None)
             summary = built.summary
             plan = built.plan
-            missing &= set(plan.stages)
+            todo &= set(plan.stages)
         except BuildCancelledError:
             raise
         except EnginectlError as exc:
@@ -284,26 +318,32 @@ def _requalify(
     outcomes = _outcomes(summary)
     changed_smokes: set[str] = set()
     for planned in plan.targets:
-        stages = [_stage_report(plan, key, why.get((planned.target.id, key)), runs.get(key),
-                                outcomes.get(key), dry_run=dry_run)
-                  for key in planned.chain if key in missing]
+        stages = [stage_report(plan, key, why.get((planned.target.id, key)), runs.get(key),
+                               outcomes.get(key), dry_run=run.dry_run)
+                  for key in planned.chain if key in todo]
         target = TargetReport(planned.target.id, stages)
         done.targets.append(target)
         if stages and planned.target.id in lacking:
             target.skipped = lacking[planned.target.id]
-            continue
-        if not stages:
-            continue
-        changed_smokes.add(planned.chain[-1])
-        if summary is not None:
-            target.levels, target.start = target_levels(ctx, plan, old, planned.target.id,
-                                                        outcomes)
+        elif stages:
+            changed_smokes.add(planned.chain[-1])
+            if summary is not None:
+                target.levels, target.start = target_levels(ctx, plan, old, planned.target.id,
+                                                            outcomes)
     if summary is not None:
-        by_target = {t.id: t for t in done.targets}
-        for promotion in promote_gated(ctx, plan, summary, changed_smokes):
-            by_target[promotion.target].promotions.append(promotion)
-        _judge(ctx, plan, done.targets, outcomes, since)
+        _gate(run, plan, done.targets, summary, changed_smokes)
     return done, pools
+
+
+def _gate(run: _Run, plan: Plan, targets: list[TargetReport], summary: BuildSummary,
+          changed_smokes: set[str]) -> None:
+    """The promotion gate of each channel whose smoke is in *changed_smokes* (its moves
+    left to `settle`), then the alarm (`_judge`)."""
+    by_target = {t.id: t for t in targets}
+    for promotion in promote_gated(run.ctx, plan, summary, changed_smokes, move=False):
+        by_target[promotion.target].promotions.append(promotion)
+        run.pending += [(plan, promotion)] if promotion.action == "pending" else []
+    _judge(run.ctx, plan, targets, _outcomes(summary), run.since)
 
 
 def _lacking_gpu(plan: Plan, probes: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -353,42 +393,3 @@ def _judge(ctx: Context, plan: Plan, targets: list[TargetReport],
                            / suspect.digest.removeprefix("sha256:")[:16])
         found = suspect if rounds is None else confirmed(suspect, rounds)
         target.regressions += [found] if found else []
-
-
-def _stage_report(plan: Plan, key: str, change: KeyChange | None,
-                  previous: leases.StageRunRecord | None, outcome: Outcome | None, *,
-                  dry_run: bool) -> StageReport:
-    run = plan.stages[key]
-    because = list(change.because) if change else [_unexplained(previous)]
-    if dry_run:
-        return StageReport(run.stage, key, because, "would run")
-    if outcome is None:
-        return StageReport(run.stage, key, because, "skipped")
-    log = run.workdir / f"{run.stage}.log"
-    shown = str(log) if outcome.status not in ("built", "reused") and log.is_file() else None
-    return StageReport(run.stage, key, because, outcome.status, outcome.digest, outcome.error,
-                       shown, _fault(plan, key, outcome.status))
-
-
-def _fault(plan: Plan, key: str, status: str) -> str | None:
-    """Whose fault a stage run that did not succeed is: the machine's when it could not run
-    here (a runtime missing, a run stopped, fewer GPUs than it needs: `capacity`), else the
-    artifact's (its build or smoke failed); None when it succeeded or never ran."""
-    if status in ("pending-smoke", "cancelled"):
-        return "machine"
-    if status == "smoke-failed":
-        return "artifact"
-    if status != "failed":
-        return None
-    from pipeline.planning.capacity import run_need, shortfall, this_node
-
-    need = run_need(plan, plan.stages[key])
-    return "machine" if need is not None and shortfall(need, this_node()) else "artifact"
-
-
-def _unexplained(run: leases.StageRunRecord | None) -> str:
-    """Why a key is missing that no toolchain change moved: a new target or recipe change,
-    or a run that did not succeed (it failed, was stopped, or its smoke did not pass)."""
-    if run is None:
-        return "not built before"
-    return f"its last run {run.status}" + (f" ({run.error[:120]})" if run.error else "")

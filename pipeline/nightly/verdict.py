@@ -29,6 +29,10 @@ VERDICTS: Final = ("regressed", "failed", "held", "promoted", "rebuilt", "re-pro
                    "skipped", "unchanged", "would rebuild", "would re-prove")
 """Every verdict, in the order a report lists targets: what to act on first."""
 
+HELD_FOR_REGRESSION: Final = "toolchain-regressed"
+"""`Promotion.rule` of a promotion the gate let through and a toolchain regression of its
+pool held (`pipeline.nightly.settle`)."""
+
 FAILED_OUTCOMES: Final = ("failed", "smoke-failed", "cancelled", "skipped", "pending-smoke")
 
 
@@ -193,6 +197,8 @@ class NightlyReport:
     started_at: datetime
     executor: str
     dry_run: bool
+    accept_regression: bool = False
+    """Given `--accept-regression`: aliases of a pool whose toolchain regressed move."""
     finished_at: datetime | None = None
     pools: list[PoolReport] = field(default_factory=list)
     recipes: list[RecipeReport] = field(default_factory=list)
@@ -205,6 +211,13 @@ class NightlyReport:
     @property
     def targets(self) -> list[TargetReport]:
         return [t for r in self.recipes for t in r.targets]
+
+    @property
+    def settled(self) -> bool:
+        """Whether this run did every target's work: no promotion is held for a toolchain
+        regression (else the next nightly takes up the same work: `nightly_runs.baseline`)."""
+        return not any(p.rule == HELD_FOR_REGRESSION for t in self.targets
+                       for p in t.promotions)
 
     @property
     def nothing_changed(self) -> bool:
@@ -236,7 +249,8 @@ class NightlyReport:
                 found += [{"recipe": recipe.name, "target": target.id, "stage": "promote",
                            "key": None, "outcome": "held", "alias": p.alias,
                            "error": p.reason, "log": None}
-                          for p in target.promotions if p.action == "held"]
+                          for p in target.promotions if p.action == "held"
+                          and p.rule not in ("rollback-pin", HELD_FOR_REGRESSION)]
         return found
 
     @property

@@ -42,7 +42,8 @@ from registry.sql import alias_records, aliases, history, records, smoke_records
 if TYPE_CHECKING:  # a build's outcomes, read here; its result records the promotions
     from pipeline.executors.outcome import BuildSummary
 
-Action = Literal["promoted", "held", "unchanged", "re-proved", "not-ready"]
+Action = Literal["promoted", "held", "unchanged", "re-proved", "not-ready", "pending"]
+"""`pending`: the gate let it through, and the caller moves it (`move_promotion`) or not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,21 +210,35 @@ def held_by_rollback(ctx: Context, channel: Channel, new: str | None) -> Promoti
 
 
 def promote_gated(ctx: Context, plan: Plan, summary: BuildSummary,
-                  wanted: set[str] | None = None) -> list[Promotion]:
+                  wanted: set[str] | None = None, *, move: bool = True) -> list[Promotion]:
     """The nightly rule (module doc) for the channels whose smoke run is in *wanted* (every
-    channel when None)."""
+    channel when None). Without *move*, a promotion the gate lets through comes back
+    `pending`, its alias where it was, for the caller's `move_promotion`."""
     proven = _ready_entries(plan, summary)
     done: list[Promotion] = []
     for channel in plan.channels:
         if wanted is not None and channel.smoke not in wanted:
             continue
-        done.append(_gate(ctx, plan, channel, proven.get(channel.smoke)))
+        made = _gate(ctx, plan, channel, proven.get(channel.smoke))
+        done.append(move_promotion(ctx, plan, made) if move and made.action == "pending"
+                    else made)
     return done
+
+
+def move_promotion(ctx: Context, plan: Plan, made: Promotion, *,
+                   accepted: bool = False) -> Promotion:
+    """Move the alias of `pending` *made* (`promote_gated` without `move`); *accepted*: the
+    run accepted a toolchain regression of its pool, which the alias event's reason says."""
+    channel = next(c for c in plan.channels
+                   if c.alias == made.alias and c.target == made.target)
+    if accepted:
+        made.reason += "; the toolchain regression was accepted (--accept-regression)"
+    return _move(ctx, plan, channel, made)
 
 
 def _gate(ctx: Context, plan: Plan, channel: Channel, new: str | None) -> Promotion:
     if (held := held_by_rollback(ctx, channel, new)) is not None:  # G4: keep first
-        held.rule = "rollback-pin"
+        held.rule, held.levels = "rollback-pin", _kept_levels(ctx, plan, channel, held)
         return held
     gpu = plan.target(channel.target).gpu.sku
     made = Promotion(channel.alias, channel.target, "unchanged", None, new,
@@ -251,13 +266,25 @@ def _gate(ctx: Context, plan: Plan, channel: Channel, new: str | None) -> Promot
         made.reason = "the same artifact, proven on the new toolchain"
         return made
     if current is None:
-        made.rule, made.reason = "empty", "the alias pointed nowhere"
-        return _move(ctx, plan, channel, made)
-    return _by_gate(ctx, plan, channel, made, compared=old_report is not None)
+        made.rule, made.reason, made.action = "empty", "the alias pointed nowhere", "pending"
+        return made
+    return _by_gate(plan, channel, made, compared=old_report is not None)
 
 
-def _by_gate(ctx: Context, plan: Plan, channel: Channel, made: Promotion, *,
-             compared: bool) -> Promotion:
+def _kept_levels(ctx: Context, plan: Plan, channel: Channel,
+                 made: Promotion) -> list[LevelChange]:
+    """The last proof on the channel's GPU of the artifact the alias keeps (*made*.old)
+    against the candidate's proof: the numbers of a hold that nothing measured."""
+    gpu = plan.target(channel.target).gpu.sku
+    with ctx.registry.session(readonly=True) as session:
+        kept = None if made.old is None else latest_passing(
+            smoke_records.smoke_reports(session, made.old), gpu=gpu)
+        new = None if made.new is None else latest_passing(
+            smoke_records.smoke_reports(session, made.new), key=channel.smoke)
+    return compare_levels(kept.report if kept else None, new.report if new else None, None)
+
+
+def _by_gate(plan: Plan, channel: Channel, made: Promotion, *, compared: bool) -> Promotion:
     """The same-run A/B of *made*.old against *made*.new decides (`pipeline.serving.abgate`)."""
     current, new = made.old or "", made.new or ""
     log_dir = Settings.from_env().work_dir / "gate" / channel.alias.replace("/", "_") / \
@@ -265,18 +292,15 @@ def _by_gate(ctx: Context, plan: Plan, channel: Channel, made: Promotion, *,
     gate = run_gate(current, new, rounds=_rounds(plan), max_regression=channel.max_regression,
                     log_dir=log_dir)
     if gate is None:  # this machine cannot serve the candidate: the proofs on record
-        return _by_history(ctx, plan, channel, made, compared=compared)
+        return _by_history(channel, made, compared=compared)
     made.rule, made.reason = gate.rule, gate.reason
     if gate.rule == "ab":
         made.levels = [_level(level) for level in gate.levels]
-    if not gate.passed:
-        made.action = "held"
-        return made
-    return _move(ctx, plan, channel, made)
+    made.action = "pending" if gate.passed else "held"
+    return made
 
 
-def _by_history(ctx: Context, plan: Plan, channel: Channel, made: Promotion, *,
-                compared: bool) -> Promotion:
+def _by_history(channel: Channel, made: Promotion, *, compared: bool) -> Promotion:
     """The decision without an A/B: *made*.levels (the last proofs on record) decide."""
     made.rule = "history"
     regressed = [level for level in made.levels if level.regressed]
@@ -291,7 +315,8 @@ def _by_history(ctx: Context, plan: Plan, channel: Channel, made: Promotion, *,
     made.reason = ("no level slower than allowed against the last proofs on record (no A/B "
                    "here: this machine cannot serve it)" if compared else
                    "nothing to compare with")
-    return _move(ctx, plan, channel, made)
+    made.action = "pending"
+    return made
 
 
 def _rounds(plan: Plan) -> int:

@@ -1,5 +1,5 @@
 """The `nightly_runs` table: one row per `enginectl nightly` (who ran it, how it ended, its
-report), and the last probe of every pool, which a nightly diffs its own probes with.
+report), and the baseline a nightly diffs its own probes with (`baseline`).
 
 Every function takes a `Session` and works inside the caller's transaction; none commits.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from registry.sql.build_inputs import ToolchainProbe
@@ -53,9 +53,48 @@ def last_finished(session: Session) -> NightlyRecord | None:
     return None if row is None else NightlyRecord(*row)
 
 
-def last_probes(session: Session) -> dict[str, ToolchainProbe]:
-    """The newest recorded probe of every pool."""
+def last_probes(session: Session, before: datetime | None = None) -> dict[str, ToolchainProbe]:
+    """The newest recorded probe of every pool (made before *before*, when given)."""
     query = (select(ToolchainRow.pool, ToolchainRow.gpu, ToolchainRow.fingerprint,
                     ToolchainRow.host, ToolchainRow.probed_at, ToolchainRow.node_id)
              .order_by(ToolchainRow.probed_at, ToolchainRow.id))
+    if before is not None:
+        query = query.where(ToolchainRow.probed_at < before)
     return {row.pool: ToolchainProbe(*row) for row in session.execute(query)}
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """What a nightly compares with: *probes*, each pool's toolchain as of *at* (None: now).
+    The work of a bump is whatever the plan keyed with *probes* and the plan keyed now
+    disagree on, and the proofs of that work are those made from *at* on."""
+
+    at: datetime | None
+    probes: dict[str, ToolchainProbe]
+
+
+def settled(report: dict[str, Any] | None) -> bool:
+    """Whether a finished nightly's *report* says it did all its work (`"settled"`, written
+    by the nightly; a report without it is from before the field: settled)."""
+    return bool((report or {}).get("settled", True))
+
+
+def baseline(session: Session) -> Baseline:
+    """The toolchain as the last *settled* nightly left it (one that finished and did every
+    target's work: not killed, not failed, not holding promotions for a toolchain
+    regression), at its end; before any nightly settled, as it was when the first nightly
+    began; with no nightly ever, the newest probes. So a nightly killed or stopped after
+    its probe leaves the baseline where it was, and the next one finds the same work."""
+    at: datetime | None = None
+    finished = session.execute(
+        select(NightlyRun.finished_at, NightlyRun.report)
+        .where(NightlyRun.status == "finished")
+        .order_by(NightlyRun.started_at.desc(), NightlyRun.id.desc())
+        .execution_options(yield_per=8))
+    for finished_at, report in finished:
+        if settled(report):
+            at = finished_at
+            break
+    if at is None:
+        at = session.execute(select(func.min(NightlyRun.started_at))).scalar_one_or_none()
+    return Baseline(at, last_probes(session, before=at))

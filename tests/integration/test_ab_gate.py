@@ -52,15 +52,15 @@ def box(tmp_path: Path) -> Box:
     return built(tmp_path)
 
 
-def gated(box: Box, env: dict[str, str], *, code: int = 0
+def gated(box: Box, env: dict[str, str], *args: str, code: int = 0
           ) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """Bump the driver, run the nightly with *env* (exiting *code*); the engine's promotion,
-    the digest the alias held before, and the engine target's report."""
+    """Bump the driver, run the nightly with *args* and *env* (exiting *code*); the engine's
+    promotion, the digest the alias held before, and the engine target's report."""
     with open_registry(box.registry_url) as registry, registry.session() as session:
         before = get_alias(session, ENGINE_ALIAS)
     assert before
     box.bump(NEW)
-    report = box.nightly(code=code, **env)
+    report = box.nightly(*args, code=code, **env)
     assert report["exit_code"] == code
     [promotion] = target(report, ENGINE_TARGET)["promotions"]
     assert promotion["old"] == before
@@ -97,8 +97,10 @@ def test_a_noisy_node_holds_nothing_when_nothing_changed(tmp_path: Path) -> None
 
 def test_both_slower_than_their_history_is_the_node_not_the_candidate(box: Box) -> None:
     # built at 20 ms a token; tonight every engine takes 60 ms: the node regressed
-    # (the toolchain regression alarm's business: the nightly exits 5 for it, not for this)
-    promotion, _, _ = gated(box, {"FAKE_OPENAI_TOKEN_DELAY_S": SLOW}, code=5)
+    # (the toolchain regression alarm's business: the nightly exits 5 for it, not for this,
+    # and holds the alias unless the run accepts the regression, as this one does)
+    promotion, _, _ = gated(box, {"FAKE_OPENAI_TOKEN_DELAY_S": SLOW}, "--accept-regression",
+                            code=5)
     assert (promotion["action"], promotion["rule"]) == ("promoted", "ab"), promotion
     assert {level["figure"] for level in promotion["levels"]} == \
         {"median_request_tokens_per_s"}

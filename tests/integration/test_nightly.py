@@ -26,7 +26,7 @@ import pytest
 
 from registry.sql.alias_records import alias_history, get_alias
 from registry.sql.db import open_registry
-from registry.sql.records import list_artifacts
+from registry.sql.records import get_status, list_artifacts
 from registry.sql.smoke_records import smoke_reports
 from tests.integration.browser import browse
 from tests.integration.nightly_box import (
@@ -154,7 +154,7 @@ def test_gc_keeps_superseded_within_the_window(box: Box) -> None:
     assert one["manifests"] == [first.digest]
 
 
-def test_a_node_slower_for_both_promotes_the_candidate_and_raises_the_alarm(
+def test_a_regressed_toolchain_holds_the_candidate_until_a_run_accepts_it(
         tmp_path: Path, registry_url: str) -> None:
     box = Box(tmp_path, registry_url, max_regression=0.5, gate_rounds=3)
     box.run("build", str(box.recipe))
@@ -162,20 +162,40 @@ def test_a_node_slower_for_both_promotes_the_candidate_and_raises_the_alarm(
         old_engine = get_alias(session, ENGINE_ALIAS)
     box.bump(NEW)
     # the stand-in server answers 20x slower than it did, for every artifact: the gate serves
-    # both engines on the slow node, so the candidate is no worse than the incumbent and takes
-    # the alias, while the incumbent against its own last proof is a toolchain regression
+    # both engines on the slow node, so the candidate is no worse than the incumbent, but the
+    # incumbent against its own last proof is a toolchain regression, which holds the alias
     slower = {"FAKE_OPENAI_TOKEN_DELAY_S": "0.05"}
     report = box.nightly(str(box.recipe), code=5, **slower)
     engine = target(report, ENGINE_TARGET)
-    [moved] = engine["promotions"]
-    assert (moved["action"], moved["rule"]) == ("promoted", "ab")
+    [held] = engine["promotions"]
+    assert (held["action"], held["rule"], held["old"]) == ("held", "toolchain-regressed",
+                                                           old_engine)
+    assert held["reason"].startswith(f"toolchain regressed: toolchain regression of the "
+                                     f"incumbent {old_engine[:19]}… on H100-SXM5-80GB "
+                                     f"(driver {OLD} → {NEW}")
+    assert re.search(r"c=1 \d+\.\d → \d+\.\d tok/s", held["reason"])  # both numbers
+    assert all(lv["old_tokens_per_s"] and lv["new_tokens_per_s"] for lv in held["levels"])
     assert engine["verdict"] == "regressed"
     assert [r["role"] for r in engine["regressions"]] == ["incumbent"]
     assert all(lv["new_tokens_per_s"] < lv["old_tokens_per_s"] / 2
                for lv in engine["regressions"][0]["levels"])
     assert report["failures"] == []  # a regression is the alarm, not a failure
+    assert not report["settled"]
+    assert "0 aliases promoted, 1 held" in report["text"]
     with open_registry(box.registry_url) as registry, registry.session() as session:
-        assert get_alias(session, ENGINE_ALIAS) == moved["new"] != old_engine
+        assert get_alias(session, ENGINE_ALIAS) == old_engine  # nothing moved
+        assert get_status(session, held["new"]) == "ready"
+
+    # a later run that accepts the regression promotes what was held; it still exits 5
+    accepted = box.nightly(str(box.recipe), "--accept-regression", code=5, **slower)
+    [moved] = target(accepted, ENGINE_TARGET)["promotions"]
+    assert (moved["action"], moved["rule"], moved["new"]) == ("promoted", "ab", held["new"])
+    assert moved["reason"].endswith("the toolchain regression was accepted "
+                                    "(--accept-regression)")
+    assert accepted["settled"]
+    with open_registry(box.registry_url) as registry, registry.session() as session:
+        assert get_alias(session, ENGINE_ALIAS) == held["new"]
+        assert get_status(session, old_engine) == "superseded"
     text = box.run("nightly", str(box.recipe)).stdout  # the alarm is not news the next night
     assert text.startswith("nothing changed since")
 

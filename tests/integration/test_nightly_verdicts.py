@@ -87,6 +87,14 @@ def test_a_slower_re_proof_is_a_toolchain_regression_that_exits_5(alarm_box: Box
     assert report["text"].endswith("Exit 5.")
     shown = page.read_text()
     assert re.findall(r'<tr class="target" data-verdict="([^"]+)"', shown)[0] == "regressed"
+    # the alarm stands apart, at the top, before the summary
+    alarm = re.search(r'<h1>[^<]*</h1>\n<p class="alarm" id="alarm">(TOOLCHAIN REGRESSION: [^<]*)'
+                      r'</p>\n<p class="note" id="summary">', shown)
+    assert alarm is not None, shown[:2000]
+    assert alarm_text in alarm[1]
+    # nothing of the regressed pool moved: the engine's alias is held for the regression
+    [held] = engine["promotions"]
+    assert (held["action"], held["rule"]) == ("held", "toolchain-regressed")
     summary = re.search(r'<p class="note" id="summary">([^<]*)', shown)
     assert summary is not None
     assert "TOOLCHAIN REGRESSION" in summary[1][:60]

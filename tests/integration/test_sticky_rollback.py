@@ -45,9 +45,10 @@ def rolled(tmp_path: Path, registry_url: str) -> tuple[Box, str, str]:
     return box, rolled["digest"], rolled["previous"]
 
 
-def nightly(box: Box) -> tuple[dict[str, Any], int]:
-    """`nightly --json`'s report and its exit code."""
-    done = run_cli([ENGINECTL, "nightly", "--json"], env=box.env, timeout=600, cwd=box.cwd)
+def nightly(box: Box, *args: str) -> tuple[dict[str, Any], int]:
+    """`nightly --json ARGS`'s report and its exit code."""
+    done = run_cli([ENGINECTL, "nightly", "--json", *args], env=box.env, timeout=600,
+                   cwd=box.cwd)
     assert done.stdout, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     return report, done.returncode
@@ -137,14 +138,25 @@ def test_a_nightly_holds_the_rolled_back_from_digest_and_a_new_winner_moves_it(
     assert status_of(box, entry) == "superseded"
 
     box.bump(NEW)
-    report, code = nightly(box)
+    page = tmp_path / "nightly.html"
+    report, code = nightly(box, "--html", str(page))
     assert code == 0, report  # a hold that only keeps a rollback is no failure
+    assert report["failures"] == []
+    assert report["text"].endswith("1 aliases promoted, 1 held. Exit 0.")  # held, not failed
     pytorch = target(report, CHECKPOINT_TARGET)
     assert [s["stage"] for s in pytorch["stages"]] == ["smoke"]  # re-proved: same digest
     [held] = pytorch["promotions"]
     assert (held["action"], held["old"], held["new"]) == ("held", engine, entry)
     assert "pinned by a rollback" in held["reason"]
     assert WHY in held["reason"]
+    # the held row shows what the alias keeps (the engine's last proof) beside the candidate
+    assert [lv["concurrency"] for lv in held["levels"]] == [1, 2]
+    row = next(r for r in page.read_text().split("<tr ") if r.startswith(
+        f'class="target" data-verdict="held"><td>{CHECKPOINT_TARGET}<'))
+    assert f"{CHECKPOINT_ALIAS} keeps {engine[:19]}… → candidate" in row
+    for level in held["levels"]:
+        assert (f"c={level['concurrency']}: {level['old_tokens_per_s']:.1f} → "
+                f"{level['new_tokens_per_s']:.1f}") in row
     moved = target(report, ENGINE_TARGET)["promotions"][0]
     assert moved["action"] == "promoted"  # the unpinned alias moves as before
     with open_registry(box.registry_url) as registry, registry.session() as session:
