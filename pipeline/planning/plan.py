@@ -335,6 +335,8 @@ class _Planner:
             "concurrency": smoke.concurrency, "requests": smoke.requests,
             "reference": [r.model_dump() for r in smoke.reference],
             "reference_agreement": smoke.reference_agreement,
+            # only when asked: a recipe without a curve keeps the keys it had
+            **({"capacity": smoke.capacity.model_dump()} if smoke.capacity else {}),
         }
         keys.append(
             self.add(

@@ -3,6 +3,7 @@ after `model` and `matrix`, and `Recipe`, the whole document)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from typing import Annotated, Literal
@@ -112,6 +113,29 @@ class Reference(StrictModel):
     output: str
 
 
+class CapacitySettings(StrictModel):
+    """The open-loop capacity curve a smoke measures when the recipe asks (`smoke.capacity`,
+    `pipeline.serving.openloop`): Poisson arrivals at each of *rates* (requests/s, ascending)
+    for *duration_s* seconds each, with the smoke's prompts and `max_tokens`, until TTFT p95
+    passes *ttft_p95_ms* or TPOT p95 passes *tpot_p95_ms* (or requests fail). `{}` takes the
+    defaults: 1 to 32 requests/s doubling, 5 s each, ceilings 2000 ms and 200 ms."""
+
+    rates: Annotated[
+        list[Annotated[float, Field(gt=0, le=100_000)]], Field(min_length=1, max_length=MAX_LEVELS)
+    ] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]  # noqa: RUF012 - pydantic copies defaults
+    duration_s: float = Field(default=5.0, gt=0, le=3600)
+    ttft_p95_ms: float = Field(default=2000.0, gt=0, le=3_600_000)
+    tpot_p95_ms: float = Field(default=200.0, gt=0, le=3_600_000)
+    seed: int = Field(default=0, ge=0)
+
+    @field_validator("rates")
+    @classmethod
+    def _ascending(cls, rates: list[float]) -> list[float]:
+        if any(later <= earlier for earlier, later in itertools.pairwise(rates)):
+            raise ValueError(f"rates must rise, one after another: {rates}")
+        return rates
+
+
 class SmokeSettings(StrictModel):
     prompts: list[str] = Field(
         default=["The capital of France is", "Write a haiku about GPUs."], min_length=1,
@@ -128,6 +152,7 @@ class SmokeSettings(StrictModel):
     # exact for bf16/fp16 targets; quantized: by agreement
     reference: Annotated[list[Reference], Field(max_length=MAX_SMOKE_ITEMS)] = []  # noqa: RUF012 - pydantic copies defaults
     reference_agreement: float = Field(default=0.9, gt=0, le=1)
+    capacity: CapacitySettings | None = None  # None: no open-loop curve (CapacitySettings)
 
     @field_validator("gpu_price_per_hour")
     @classmethod

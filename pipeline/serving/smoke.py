@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.recipe.schema import SmokeSettings
+from pipeline.recipe.schema import CapacitySettings, SmokeSettings
+from pipeline.serving.capacity import Curve
 from pipeline.serving.checks import Check, load_body, run_checks
-from pipeline.serving.loadgen import LoadLevel, cost_per_million_tokens, run_level
+from pipeline.serving.loadgen import Client, LoadLevel, cost_per_million_tokens, run_level
 from pipeline.serving.server import NotReadyError, serving
 
 # --- the report -------------------------------------------------------------------------------
@@ -46,6 +47,7 @@ class SmokeReport:
     warm_cache: str | None = None  # the warm cache the server started from (None: cold)
     warm_use: str | None = None  # what the runtime did with it: "used", "placed, not used (…)"
     warm_refused: str | None = None  # why this start is cold: its server failed warm
+    capacity: Curve | None = None  # the open-loop curve, when the recipe asks for one
 
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -63,6 +65,7 @@ class SmokeReport:
             "warm_use": self.warm_use, "warm_refused": self.warm_refused,
             "checks": [c.as_dict() for c in self.checks],
             "load": [level.as_dict() for level in self.load],
+            **({"capacity": self.capacity.as_dict()} if self.capacity else {}),
         })
         return safe
 
@@ -105,6 +108,7 @@ def smoke(
     load: list[LoadLevel] = []
     ready_s: float | None = None
     argv: list[str] = []
+    curve: Curve | None = None
     try:
         with serving(argv_template, model_dir=model_dir, served_name=served_name,
                      settings=settings, log_path=log_path, env=env, cwd=cwd) as ready:
@@ -115,6 +119,8 @@ def smoke(
                                      max_input_len=max_input_len, reference=reference,
                                      threshold=threshold)
             checks += found
+            if settings.capacity is not None and all(c.passed for c in checks):
+                curve = _curve(ready.client, served_name, settings, settings.capacity)
             if (code := ready.server.poll()) is not None:
                 checks.append(Check("alive", False, f"the server exited with code {code}",
                                     {"log_tail": ready.server.log_tail()}))
@@ -130,8 +136,17 @@ def smoke(
         cost_per_million_tokens=cost_per_million_tokens(price_per_hour, best),
         price_per_hour=price_per_hour, log_path=log_path, argv=argv,
         failure=None if failed is None else " ".join(f"{failed.name}: {failed.message}".split()),
-        warm_cache=warm_cache,
+        warm_cache=warm_cache, capacity=curve,
     )
+
+
+def _curve(client: Client, served_name: str, settings: SmokeSettings,
+           capacity: CapacitySettings) -> Curve:
+    """The open-loop capacity curve (`pipeline.serving.openloop`) the recipe asks for."""
+    from pipeline.serving.openloop import measure_curve
+
+    return measure_curve(client, load_body(client, served_name, settings), settings.prompts,
+                         capacity, max_tokens=settings.max_tokens)
 
 
 def measure(

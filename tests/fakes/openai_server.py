@@ -29,6 +29,10 @@ Knobs (environment):
     FAKE_OPENAI_BUSY_ONCE=D         a node busy at the moment each model directory is first
                                     served (D holds a file per directory served): that start's
                                     every generation is FAKE_OPENAI_SLOW_FACTOR times slower
+    FAKE_OPENAI_MAX_RUNNING=N       at most N generations at once, the rest wait their turn
+                                    (a server's batch slots: trtllm-serve's --max_batch_size,
+                                    vLLM's --max-num-seqs), so that open-loop traffic past
+                                    N ÷ (delay × tokens) requests/s queues and TTFT grows
     FAKE_OPENAI_PORT_TAKEN_ONCE=F   the first start (no file F yet: it makes F) finds its port
                                     taken by another process, and dies as a server does:
                                     OSError: [Errno 98] Address already in use
@@ -81,6 +85,8 @@ class Fake:
         self.slow_factor = float(os.environ.get("FAKE_OPENAI_SLOW_FACTOR") or 4)
         self._random = random.Random(int(os.environ.get("FAKE_OPENAI_SEED") or 0))
         self._random_lock = threading.Lock()
+        running = int(os.environ.get("FAKE_OPENAI_MAX_RUNNING") or 0)
+        self.slots = threading.BoundedSemaphore(running) if running > 0 else None
 
     def delay_for(self, model_dir: Path) -> None:
         """Take the per-token delay FAKE_OPENAI_DELAYS names for *model_dir*'s config.json,
@@ -252,7 +258,10 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, refused)
             return
         words = fake.generate(prompt, max_tokens)
-        if (delay := fake.generation_delay(len(words))) > 0:  # the knobs: slower, noisy
+        if fake.slots is not None:
+            with fake.slots:  # waits in the queue for a batch slot, then generates
+                time.sleep(fake.generation_delay(len(words)))
+        elif (delay := fake.generation_delay(len(words))) > 0:  # the knobs: slower, noisy
             time.sleep(delay)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                  "total_tokens": prompt_tokens + len(words)}
