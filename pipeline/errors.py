@@ -10,6 +10,8 @@
     ├── SmokeError         an artifact failed its smoke run (exit 5): digest and failing check
     ├── FleetError         the Ray cluster cannot run the plan (exit 2): unreachable, a GPU
     │                      SKU no node has, a pool whose nodes disagree; names the pools
+    ├── NothingProvenError  `advise`/`route`: the model has no artifact proven with a capacity
+    │                      curve on its pool's current fingerprint (exit 6): model, reasons
     ├── BuildCancelledError  Ctrl-C stopped a build (exit 130): what was kept, how to resume
     ├── RuntimeMissingError  this machine has no program to serve an artifact with (exit 2,
     │                      `pull`/`serve`): the runtime and where it was looked for; never the
@@ -156,3 +158,19 @@ class NoNvidiaSmiError(UsageError):
     def __init__(self, hint: str = "pass --gpu SKU (e.g. --gpu h100)") -> None:
         self.hint = hint
         super().__init__(f"--gpu auto reads nvidia-smi, which is not on this machine; {hint}")
+
+
+class NothingProvenError(EnginectlError):
+    """No artifact of *model* has a passing proof with a capacity curve on its pool's
+    current fingerprint (exit 6: the registry answered, and has nothing to advise from);
+    *reasons*: one line per artifact left out."""
+
+    exit_code = 6
+
+    def __init__(self, model: str, reasons: list[str]) -> None:
+        self.model = model
+        self.reasons = reasons
+        lines = [(f"nothing proven to advise {model} from: {len(reasons)} artifacts left "
+                  "out; set smoke.capacity in the recipe and build (or `enginectl smoke REF`)")]
+        lines += [f"  {reason}" for reason in reasons]
+        super().__init__("\n".join(lines))

@@ -15,6 +15,7 @@ import sys
 import click
 
 from pipeline.cli import (  # noqa: F401 - they register their commands
+    advise,
     artifacts,
     build,
     deploy,

@@ -1,0 +1,165 @@
+"""Capacity at an objective, read off a curve; replicas and costs; the advice's ranking and
+proof selection; the SLO inputs as written. Pure."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pipeline.advise.decide import costs, decide, plan_replicas
+from pipeline.advise.inputs import parse_duration, parse_prices, parse_rate
+from pipeline.serving.capacity import Curve, RatePoint, Slo, capacity_at, curve_from_dict
+from registry.errors import UsageError
+from registry.sql.curve_records import CurveProof
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def point(rate: float, ttft: float, tpot: float = 0.02, *, errors: int = 0,
+          latency: float = 1.0) -> RatePoint:
+    sent = max(1, int(rate * 10))
+    return RatePoint(rate=rate, sent=sent, completed=sent - errors, errors=errors,
+                     duration_s=10.0, ttft_p50_s=ttft / 2, ttft_p95_s=ttft, tpot_p50_s=tpot,
+                     tpot_p95_s=tpot, latency_p50_s=latency, output_tokens=32 * (sent - errors),
+                     output_tokens_per_s=32.0 * rate)
+
+
+def curve(*points: RatePoint, stopped: str = "ttft") -> Curve:
+    return Curve(tuple(points), 2.0, 0.2, stopped, 10.0, 32)  # type: ignore[arg-type]
+
+
+def test_capacity_is_read_where_the_line_between_two_points_crosses_the_ceiling() -> None:
+    found = capacity_at(curve(point(1, 0.1), point(2, 0.2), point(4, 0.5)), Slo(0.3))
+    assert found.rate == pytest.approx(2 + (0.3 - 0.2) / (0.5 - 0.2) * 2)
+    assert found.ttft_p95_s == pytest.approx(0.3)
+    assert not found.measured_limit
+    assert found.tokens_per_request == 32
+
+
+def test_tpot_can_be_the_ceiling_that_binds() -> None:
+    found = capacity_at(curve(point(1, 0.1, 0.01), point(2, 0.15, 0.09)), Slo(0.3, 0.05))
+    assert found.rate == pytest.approx(1 + (0.05 - 0.01) / (0.09 - 0.01))
+
+
+def test_capacity_is_never_extrapolated_past_the_highest_rate_measured() -> None:
+    found = capacity_at(curve(point(1, 0.1), point(2, 0.12), stopped="rates"), Slo(0.3))
+    assert found.rate == 2
+    assert found.measured_limit
+
+
+def test_a_point_with_failed_requests_breaks_the_objective_at_the_last_good_rate() -> None:
+    found = capacity_at(curve(point(1, 0.1), point(2, 0.1, errors=3)), Slo(0.3))
+    assert found.rate == 1
+
+
+def test_a_point_that_holds_after_one_that_broke_does_not_count() -> None:
+    found = capacity_at(curve(point(1, 0.1), point(2, 0.5), point(4, 0.1)), Slo(0.3))
+    assert found.rate is not None
+    assert found.rate < 2
+
+
+def test_missing_even_the_lowest_rate_says_by_how_much() -> None:
+    found = capacity_at(curve(point(1, 0.42)), Slo(0.3))
+    assert found.rate is None
+    assert found.missed == ("TTFT p95 420 ms is 120 ms over 300 ms",)
+    assert found.shortfall == pytest.approx(0.4)
+
+
+def test_a_curve_reads_back_from_its_json_and_junk_reads_as_none() -> None:
+    made = curve(point(1, 0.1), point(2, 0.4))
+    assert curve_from_dict(made.as_dict()) == made
+    assert curve_from_dict(None) is None
+    assert curve_from_dict({"points": "x"}) is None
+    assert curve_from_dict({**made.as_dict(), "stopped": "bored"}) is None
+
+
+@pytest.mark.parametrize(("rate", "capacity", "replicas"),
+                         [(20, 4.2, 5), (8, 4, 2), (0.5, 4, 1), (4.0000000001, 4, 1)])
+def test_replicas_are_the_rate_over_the_capacity_rounded_up(
+        rate: float, capacity: float, replicas: int) -> None:
+    assert plan_replicas(rate, capacity) == replicas
+
+
+def test_cost_per_hour_and_per_million_output_tokens() -> None:
+    per_hour, per_million = costs(rate=10, replicas=3, units=2, price=2.5,
+                                  tokens_per_request=100)
+    assert per_hour == 15
+    assert per_million == pytest.approx(15 / (10 * 100 * 3600) * 1e6)
+    assert costs(rate=1, replicas=1, units=1, price=None, tokens_per_request=5) == (None, None)
+
+
+def proof(digest: str, kind: str, gpu: str, at: datetime, curve_json: Any, *,
+          tp: int = 1, price: float | None = 2.0, driver: str = "570.1",
+          status: str = "ready") -> CurveProof:
+    return CurveProof(digest, kind, status, None, tp, 1, gpu if kind == "trtllm-engine" else None,
+                      gpu, at, {"driver": driver, "cuda": None, "tensorrt": None,
+                                "trtllm": "1.2.1", "vllm": "0.32.0"},
+                      100.0, price, curve_json)
+
+
+def test_decide_ranks_by_cost_and_keeps_unproven_and_short_apart() -> None:
+    fast = curve(point(1, 0.05), point(8, 0.1), point(16, 0.6)).as_dict()
+    slow = curve(point(1, 0.1), point(2, 0.6)).as_dict()
+    never = curve(point(1, 0.9)).as_dict()
+    proofs = [
+        proof("sha256:engine", "trtllm-engine", "H100-SXM5-80GB", T0, fast, tp=2),
+        proof("sha256:vllm", "vllm", "H100-SXM5-80GB", T0, slow),
+        proof("sha256:tooslow", "vllm", "H100-SXM5-80GB", T0, never),
+        proof("sha256:old", "vllm", "H100-SXM5-80GB", T0, fast, driver="550.1"),
+        proof("sha256:nocurve", "vllm", "H100-SXM5-80GB", T0, None),
+    ]
+    advice = decide("m", proofs, {"H100-SXM5-80GB": {"driver": "570.1"}}, slo=Slo(0.3),
+                    rate=20, prices={})
+
+    assert [o.digest for o in advice.ranked] == ["sha256:engine", "sha256:vllm"]
+    engine, vllm = advice.ranked
+    assert engine.replicas == math.ceil(20 / engine.capacity.rate)  # type: ignore[operator]
+    assert engine.gpus == engine.replicas * 2  # type: ignore[operator]
+    assert engine.cost_per_hour == engine.gpus * 2.0  # type: ignore[operator]
+    assert engine.cost_per_hour < vllm.cost_per_hour  # type: ignore[operator]
+    assert [o.digest for o in advice.short] == ["sha256:tooslow"]
+    reasons = {u.digest: u.reason for u in advice.unproven}
+    assert "driver 550.1 → 570.1" in reasons["sha256:old"]
+    assert "no capacity curve" in reasons["sha256:nocurve"]
+    assert advice.as_dict()["ranked"][0]["proof"]["fingerprint"]["driver"] == "570.1"
+
+
+def test_the_proof_is_the_latest_on_the_current_fingerprint_never_the_best_ever() -> None:
+    good = curve(point(1, 0.05), point(16, 0.1), stopped="rates").as_dict()
+    worse = curve(point(1, 0.05), point(2, 0.6)).as_dict()
+    proofs = [proof("sha256:a", "vllm", "CPU", T0, good),
+              proof("sha256:a", "vllm", "CPU", T0 + timedelta(days=1), worse)]
+    advice = decide("m", proofs, {}, slo=Slo(0.3), rate=1, prices={"CPU": 1.0})
+    (only,) = advice.ranked
+    assert only.proof_at == (T0 + timedelta(days=1)).isoformat()
+    assert only.capacity.rate is not None
+    assert only.capacity.rate < 2
+    assert only.gpus == 0  # CPU: priced per machine-hour
+    assert only.cost_per_hour == 1.0
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("300ms", 0.3), ("0.3s", 0.3), ("300", 0.3),
+                                                (" 2 s", 2.0)])
+def test_durations_as_written(text: str, seconds: float) -> None:
+    assert parse_duration("--ttft-p95", text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("text", "per_s"), [("20/s", 20), ("20", 20), ("1200/min", 20),
+                                             ("72000/h", 20)])
+def test_rates_as_written(text: str, per_s: float) -> None:
+    assert parse_rate("--rate", text) == pytest.approx(per_s)
+
+
+@pytest.mark.parametrize("text", ["abc", "-3ms", "0", "nan", "1e999", "3 parsecs", ""])
+def test_bad_durations_name_the_option_and_the_value(text: str) -> None:
+    with pytest.raises(UsageError, match=rf"--ttft-p95 '{text}' is not a duration"):
+        parse_duration("--ttft-p95", text)
+
+
+def test_prices_take_any_spelling_of_a_sku_and_refuse_junk() -> None:
+    assert parse_prices("--price", ("h100=3.5",)) == {"H100-SXM5-80GB": 3.5}
+    with pytest.raises(UsageError, match="--price 'h100=lots'"):
+        parse_prices("--price", ("h100=lots",))
