@@ -5,7 +5,7 @@ Pure: each returns plain data for YAML.
   `order` (1 first: LiteLLM sends to the lowest order that is healthy and under its limits,
   which `enable_pre_call_checks` makes it check), `rpm` and `max_parallel_requests`; the
   fallback variant is also its own group, named in `fallbacks`, for errors the order does not
-  cover.
+  cover. The proxy's master key is read from `LITELLM_MASTER_KEY`.
 - `envoy_ai_gateway`: Envoy AI Gateway v1.1 (`aigateway.envoyproxy.io/v1beta1`): per variant a
   `Backend` (Envoy Gateway `gateway.envoyproxy.io/v1alpha1`) and an `AIServiceBackend`; one
   `AIGatewayRoute` whose rule for the model lists them with `priority` (0 first); and the
@@ -61,7 +61,9 @@ def litellm(manifest: RouteManifest) -> dict[str, Any]:
     if fallbacks:
         deployments += [deployment(v, fallback_group, f"{v.name}-fallback") for v in fallbacks]
         settings["fallbacks"] = [{model: [fallback_group]}]
-    return {"model_list": deployments, "router_settings": settings}
+    # the proxy refuses to start without a master key: it is read from the environment
+    return {"model_list": deployments, "router_settings": settings,
+            "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"}}
 
 
 def _host_port(url: str) -> tuple[str, int]:

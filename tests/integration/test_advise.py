@@ -1,0 +1,275 @@
+"""`enginectl advise` and `enginectl route` as a user runs them, on a real registry (file store
+and SQLite) whose proofs carry capacity curves as a smoke records them (`history.record_smoke`:
+the store's record, then the row); the curve survives `reindex` from the store alone; the
+exit codes for nothing proven (6) and a bad objective (2)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.serving.capacity import Curve, RatePoint
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.publish import publish
+from registry.ops.reindex import reindex
+from registry.sql import build_inputs, history
+from tests.cli_forkserver import ENGINECTL, run_cli
+from tests.integration.engines import make_engine
+from tests.integration.test_compare import checkpoint_dir
+
+H100 = "H100-SXM5-80GB"
+NOW = {"gpu": H100, "driver": "570.124.06", "cuda": "12.8", "trtllm": "1.2.1",
+       "tensorrt": "10.14.1.48", "vllm": "0.32.0"}
+
+
+def report_with(points: list[tuple[float, float, float]], *, price: float | None,
+                stopped: str = "ttft") -> dict[str, Any]:
+    """A passing report as SmokeReport.as_dict() gives it, with a curve of (rate, TTFT p95,
+    request p50 time) points."""
+    curve = Curve(tuple(
+        RatePoint(rate=rate, sent=int(rate * 5), completed=int(rate * 5), errors=0,
+                  duration_s=5.0, ttft_p50_s=ttft / 2, ttft_p95_s=ttft, tpot_p50_s=0.01,
+                  tpot_p95_s=0.02, latency_p50_s=latency, output_tokens=int(rate * 5) * 32,
+                  output_tokens_per_s=32 * rate) for rate, ttft, latency in points),
+        2.0, 0.2, stopped, 5.0, 32)  # type: ignore[arg-type]
+    return {"passed": True, "failure": None, "ready_s": 1.0,
+            "best_output_tokens_per_s": 100.0, "cost_per_million_tokens": None,
+            "price_per_hour": price, "log_path": "smoke.log", "argv": [], "checks": [],
+            "load": [], "capacity": curve.as_dict()}
+
+
+@dataclass
+class Seeded:
+    home: Path
+    ctx: Context
+    engine: str
+    vllm: str
+    nocurve: str
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    base = tmp_path_factory.mktemp("advise")
+    home = base / "home"
+    ctx = Context(RegistryConfig.from_env({"ENGINECTL_HOME": str(home)}))
+    engine = publish(ctx, make_engine(base / "engine", seed=1), kind="trtllm-engine",
+                     labels={"model": "m", "runtime": "trtllm", "gpu": H100, "sm": 90,
+                             "quant": "fp8", "tp": 2, "pp": 1},
+                     status="ready", key="k1:" + "ab" * 32).digest
+    vllm = import_artifact(ctx, checkpoint_dir(base / "vllm", 4), ImportSpec(
+        kind="vllm", model="m", quant="bf16", status="ready")).digest
+    nocurve = import_artifact(ctx, checkpoint_dir(base / "other", 5), ImportSpec(
+        kind="vllm", model="other", status="ready")).digest
+    smoke = {engine: report_with([(2, 0.05, 0.4), (8, 0.1, 0.5), (16, 0.5, 1.2)], price=3.0),
+             vllm: report_with([(1, 0.1, 0.5), (2, 0.2, 0.6), (4, 0.4, 0.9)], price=3.0),
+             nocurve: {**report_with([(1, 0.1, 0.5)], price=1.0), "capacity": None}}
+    for digest, report in smoke.items():
+        history.record_smoke(ctx, digest, True, report, status="ready", gpu=H100,
+                             toolchain=NOW)
+    with ctx.registry.session() as session:
+        build_inputs.record_toolchain(session, "host:builder", H100, NOW, "builder")
+    yield Seeded(home, ctx, engine, vllm, nocurve)
+    ctx.close()
+
+
+def cli(home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+    env["ENGINECTL_HOME"] = str(home)
+    done = run_cli([ENGINECTL, *args], env=env, timeout=120)
+    assert done.returncode == code, (args, done.stdout, done.stderr)
+    return done
+
+
+def test_advise_ranks_by_cost_and_names_each_proof(seeded: Seeded) -> None:
+    done = cli(seeded.home, "advise", "--model", "m", "--ttft-p95", "300ms", "--rate", "20/s",
+               "--json")
+    advice = json.loads(done.stdout)
+    engine, vllm = advice["ranked"]
+    assert (engine["digest"], vllm["digest"]) == (seeded.engine, seeded.vllm)
+    assert engine["capacity_rps"] == pytest.approx(8 + (0.3 - 0.1) / (0.5 - 0.1) * 8)
+    assert engine["replicas"] == 2
+    assert (engine["gpus"], engine["cost_per_hour"]) == (4, 12.0)
+    assert vllm["capacity_rps"] == pytest.approx(3)
+    assert (vllm["replicas"], vllm["cost_per_hour"]) == (7, 21.0)
+    assert engine["cost_per_million_tokens"] == pytest.approx(12.0 / (20 * 32 * 3600) * 1e6)
+    assert engine["proof"]["fingerprint"]["driver"] == "570.124.06"
+
+    text = cli(seeded.home, "advise", "--model", "m", "--ttft-p95", "300ms", "--rate", "20/s",
+               "--price", "h100=1.5").stdout
+    assert text.splitlines()[0] == "advise m: 20 requests/s within TTFT p95 300 ms"
+    assert seeded.engine[:19] in text.splitlines()[2]  # first row: the cheapest
+    assert " 6.00 " in text.splitlines()[2]  # 4 GPUs at the --price given
+
+
+def test_nothing_meets_the_objective_says_the_nearest_and_by_how_much(seeded: Seeded) -> None:
+    done = cli(seeded.home, "advise", "--model", "m", "--ttft-p95", "40ms", "--rate", "1/s",
+               code=6)
+    assert "nothing proven meets it; nearest: " + seeded.engine[:19] in done.stdout
+    assert "TTFT p95 50 ms is 10 ms over 40 ms" in done.stdout
+    assert "nothing meets 1 requests/s within TTFT p95 40 ms" in done.stderr
+
+
+def test_a_model_with_nothing_proven_with_a_curve_is_exit_6(seeded: Seeded) -> None:
+    done = cli(seeded.home, "advise", "--model", "other", "--ttft-p95", "300ms", "--rate",
+               "2", code=6)
+    assert "nothing proven to advise other from" in done.stderr
+    assert "no capacity curve" in done.stderr
+    cli(seeded.home, "route", "--model", "nope", "--ttft-p95", "300ms", "--rate", "2",
+        "--json", code=6)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ttft-p95", "abc", "--rate", "2"], "--ttft-p95 'abc' is not a duration above zero"),
+    (["--ttft-p95", "300ms", "--tpot-p95", "-1ms", "--rate", "2"], "--tpot-p95 '-1ms'"),
+    (["--ttft-p95", "300ms", "--rate", "fast"], "--rate 'fast' is not a request rate"),
+    (["--ttft-p95", "300ms", "--rate", "2", "--gpu", "h900"], "--gpu: unknown GPU 'h900'"),
+])
+def test_a_bad_objective_is_one_line_naming_the_option_and_value(
+        seeded: Seeded, args: list[str], message: str) -> None:
+    done = cli(seeded.home, "advise", "--model", "m", *args, code=2)
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_route_renders_each_format_from_one_manifest(seeded: Seeded, tmp_path: Path) -> None:
+    slo = ["--model", "m", "--ttft-p95", "300ms", "--rate", "20/s"]
+    manifest = json.loads(cli(seeded.home, "route", *slo, "--json").stdout)
+    assert [v["digest"] for v in manifest["variants"]] == [seeded.engine, seeded.vllm]
+    assert [v["role"] for v in manifest["variants"]] == ["primary", "fallback"]
+    out = tmp_path / "pool.yaml"
+    cli(seeded.home, "route", *slo, "--format", "inference-pool", "-o", str(out))
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.read_text())]
+    assert kinds == ["InferencePool", "InferencePool", "HTTPRoute"]
+    docs = list(yaml.safe_load_all(cli(seeded.home, "route", *slo, "--format",
+                                       "envoy-ai-gateway", "--namespace", "llm").stdout))
+    assert {d["metadata"]["namespace"] for d in docs} == {"llm"}
+    done = cli(seeded.home, "route", *slo, code=2)
+    assert "route needs --format" in done.stderr
+
+
+def test_the_curve_comes_back_from_the_store_alone(seeded: Seeded, tmp_path: Path) -> None:
+    slo = ["--model", "m", "--ttft-p95", "300ms", "--rate", "20/s", "--json"]
+    before = json.loads(cli(seeded.home, "advise", *slo).stdout)
+    fresh_home = tmp_path / "fresh"
+    env = {"ENGINECTL_HOME": str(fresh_home),
+           "ENGINECTL_STORE_URL": seeded.ctx.store.url}
+    fresh = Context(RegistryConfig.from_env(env))
+    try:
+        restored = reindex(fresh)
+    finally:
+        fresh.close()
+    assert restored.problems == []
+    run = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+    done = run_cli([ENGINECTL, "advise", *slo], env={**run, **env}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after = json.loads(done.stdout)
+    assert [o["capacity_rps"] for o in after["ranked"]] == \
+        [o["capacity_rps"] for o in before["ranked"]]
+    assert [o["digest"] for o in after["ranked"]] == [o["digest"] for o in before["ranked"]]
+
+
+def test_the_real_litellm_proxy_follows_the_route_and_falls_back(
+        seeded: Seeded, tmp_path: Path) -> None:
+    """LiteLLM's own proxy (the `litellm` package) with the config `route --format litellm`
+    wrote, in front of two stand-in servers: the primary answers while it is up; once it is
+    stopped, the fallback answers."""
+    from pipeline.serving.server import free_port
+    from tests.processes import FAKE_SERVER
+
+    def server(name: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+        (tmp_path / name).mkdir()
+        port, log = free_port(), tmp_path / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(  # vLLM's spelling: it answers to the model's name only
+                [sys.executable, str(FAKE_SERVER), "--model", str(tmp_path / name),
+                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"],
+                stdout=out, stderr=subprocess.STDOUT)
+        return proc, port, log
+
+    primary, primary_port, primary_log = server("primary")
+    fallback, fallback_port, fallback_log = server("fallback")
+    config = tmp_path / "litellm.yaml"
+    cli(seeded.home, "route", "--model", "m", "--ttft-p95", "300ms", "--rate", "20/s",
+        "--format", "litellm", "--endpoint", f"primary=http://127.0.0.1:{primary_port}/v1",
+        "--endpoint", f"fallback=http://127.0.0.1:{fallback_port}/v1", "-o", str(config))
+    key = "sk-enginectl-test-" + "0" * 32
+    proxy_port = free_port()
+    proxy_log = tmp_path / "proxy.log"
+    with proxy_log.open("wb") as out:
+        proxy = subprocess.Popen(
+            [str(Path(sys.executable).parent / "litellm"), "--config", str(config),
+             "--host", "127.0.0.1", "--port", str(proxy_port)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "LITELLM_MASTER_KEY": key},
+            start_new_session=True)
+    try:
+        wait_until(lambda: _post(proxy_port, "/health/liveliness", None, key)[0] == 200,
+                   proxy, proxy_log)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3}
+        for _ in range(2):
+            status, answer = _post(proxy_port, "/v1/chat/completions", body, key)
+            assert status == 200, answer
+        assert _answered(primary_log) == 2
+        assert _answered(fallback_log) == 0
+
+        primary.terminate()
+        primary.wait(timeout=30)
+        for _ in range(2):
+            status, answer = _post(proxy_port, "/v1/chat/completions", body, key)
+            assert status == 200, (answer, proxy_log.read_text()[-2000:])
+            assert answer["choices"][0]["message"]["content"]
+        assert _answered(fallback_log) == 2
+    finally:
+        for proc in (proxy, primary, fallback):
+            proc.terminate()
+        for proc in (proxy, primary, fallback):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _post(port: int, path: str, body: dict[str, Any] | None, key: str) -> tuple[int, Any]:
+    """(status, decoded JSON) of a request to the proxy (GET without a body); (0, error)
+    while it does not listen."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request("GET" if body is None else "POST", path,
+                           body=None if body is None else json.dumps(body),
+                           headers={"Authorization": f"Bearer {key}",
+                                    "Content-Type": "application/json"})
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return 0, str(exc)
+    finally:
+        connection.close()
+
+
+def _answered(log: Path) -> int:
+    return log.read_text().count("POST /v1/chat/completions")
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Until *ready*, failing with the log's tail when *proc* exits or 240 s pass."""
+    deadline = time.monotonic() + 240
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the LiteLLM proxy did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.25)
