@@ -130,6 +130,8 @@ def show_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"  smoke     {verdict} at {report['created_at']} on "
                      f"{report.get('gpu') or 'an unknown GPU (before schema 0003)'}"
                      + _versions(report.get("toolchain")))
+        if (curve := curve_line((report.get("report") or {}).get("capacity"))) is not None:
+            lines.append(f"    curve   {curve}")
     for warm in info.get("warm_caches") or ():
         lines.append(f"  warm      {warm['digest']} ({_size(warm['size'])}) captured on "
                      f"{warm.get('gpu') or '-'}" + _versions(warm.get("toolchain")))
@@ -142,6 +144,23 @@ def show_lines(info: dict[str, Any]) -> list[str]:
     lines.append("  provenance")
     lines += _tree(info["provenance"], "    ") or ["    (no inputs: a source or an import)"]
     return lines
+
+
+def curve_line(value: object) -> str | None:
+    """`1/s 50/12 ms · 2/s 80/14 ms … (TTFT/TPOT p95; stopped: ttft)`: a report's capacity
+    curve on one line (None when it has none)."""
+    from pipeline.serving.capacity import curve_from_dict
+
+    found = curve_from_dict(value)
+    if found is None:
+        return None
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+    points = " · ".join(f"{p.rate:g}/s {ms(p.ttft_p95_s)}/{ms(p.tpot_p95_s)} ms"
+                        + (f" ({p.errors} errors)" if p.errors else "") for p in found.points)
+    return f"{points} (TTFT/TPOT p95; stopped: {found.stopped})"
 
 
 def _versions(toolchain: dict[str, Any] | None) -> str:

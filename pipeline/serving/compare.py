@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from pipeline.serving.capacity import curve_from_dict
 from registry.errors import RecordNotFoundError
 from registry.gpus import lookup_gpu
 from registry.ops.resolve import KIND_ORDER
@@ -70,6 +71,7 @@ class Row:
     smoked_on: str | None = None  # the GPU SKU (or "CPU") its report ran on; None: unknown
     warm_ready_s: float | None = None  # the latest passing smoke that started from a warm cache
     warm_use: str | None = None  # what its runtime did with the cache ("used", "placed, not …")
+    curve: tuple[tuple[float, float | None], ...] = ()  # (rate, TTFT p95 s) of its curve
 
     @property
     def label(self) -> str:
@@ -95,6 +97,7 @@ class Row:
                  "ttft_p50_s": lv.ttft_p50_s, "ttft_p95_s": lv.ttft_p95_s, "errors": lv.errors}
                 for lv in self.levels
             ],
+            "capacity": [{"rate": rate, "ttft_p95_s": p95} for rate, p95 in self.curve],
         }
 
 
@@ -183,8 +186,14 @@ def _row(record: records.ArtifactRecord, smoke: smoke_records.SmokeRecord | None
         best_output_tokens_per_s=_float(report.get("best_output_tokens_per_s")),
         cost_per_million_tokens=_float(report.get("cost_per_million_tokens")),
         price_per_hour=_float(report.get("price_per_hour")), levels=levels,
-        smoked_on=smoke.gpu if smoke else None,
+        smoked_on=smoke.gpu if smoke else None, curve=_curve(report.get("capacity")),
     )
+
+
+def _curve(value: object) -> tuple[tuple[float, float | None], ...]:
+    """(rate, TTFT p95) of each point of a report's capacity curve (none: empty)."""
+    found = curve_from_dict(value)
+    return () if found is None else tuple((p.rate, p.ttft_p95_s) for p in found.points)
 
 
 # --- formatting ------------------------------------------------------------------------------

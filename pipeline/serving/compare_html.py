@@ -2,8 +2,10 @@
 
     write_html(comparison, Path("compare.html"))   # one self-contained page, no network
 
-`render_html` is pure: the tables of pipeline.serving.compare and an inline SVG chart of
-throughput against concurrency, no scripts, fonts or URLs. `PAGE_CSS`, `escape` and
+`render_html` is pure: the tables of pipeline.serving.compare and inline SVG charts of
+throughput against concurrency and, for artifacts whose proof has a capacity curve, of TTFT
+p95 against the open-loop request rate (pipeline.serving.compare_curves), no scripts, fonts
+or URLs. `PAGE_CSS`, `escape` and
 `write_page` (atomic: a temporary file renamed over the target) are what `nightly --html`
 uses too (pipeline.nightly.report).
 """
@@ -26,6 +28,7 @@ from pipeline.serving.compare import (
     summary_cells,
     ttft,
 )
+from pipeline.serving.compare_curves import curve_chart
 from registry.errors import UsageError
 
 # Line colours of the chart, one per artifact (cycled); readable on white and by most
@@ -156,6 +159,7 @@ def render_html(comparison: Comparison) -> str:
         f'<thead><tr><th class="label">artifact</th>{head}</tr></thead>',
         "<tbody>", *body, "</tbody></table></div>",
         _chart(comparison) if levels else "<p>No passing smoke report to chart.</p>",
+        curve_chart(comparison, PALETTE),
         "</body></html>",
         "",
     ])

@@ -273,3 +273,19 @@ def wait_until(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Pa
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the LiteLLM proxy did not start: {log.read_text()[-3000:]}")
         time.sleep(0.25)
+
+
+def test_show_prints_the_curve_and_compare_plots_it(seeded: Seeded, tmp_path: Path) -> None:
+    shown = cli(seeded.home, "show", seeded.engine).stdout
+    assert ("    curve   2/s 50/20 ms · 8/s 100/20 ms · 16/s 500/20 ms "
+            "(TTFT/TPOT p95; stopped: ttft)") in shown
+    page = tmp_path / "compare.html"
+    cli(seeded.home, "compare", "--model", "m", "--html", str(page))
+    text = page.read_text()
+    chart = text[text.index('<svg id="capacity"'):]
+    assert f'data-digest="{seeded.engine}"' in chart
+    assert f'data-digest="{seeded.vllm}"' in chart
+    assert "TTFT p95 ms" in chart
+    rows = json.loads(cli(seeded.home, "compare", "--model", "m", "--json").stdout)["rows"]
+    assert {r["digest"]: [p["rate"] for p in r["capacity"]] for r in rows}[seeded.vllm] == \
+        [1, 2, 4]
