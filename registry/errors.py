@@ -24,11 +24,15 @@
         │                          url, missing
         ├── DamagedRegistryError   the registry's SQLite file is not a database, is damaged
         │                          or is empty: path
+        ├── DiskFullError          a disk this machine writes to is full (ENOSPC, EDQUOT):
+        │                          path, what it is (the fetch cache, a target directory)
         ├── ConflictError          a registry write collides with an existing row: what
         ├── RecordNotFoundError    no such artifact, alias or stage run in the registry
         │                          (exit 6, not found: the registry answered): what, name
-        └── UnreadyError           the artifact's status forbids the verb (a quarantined
-                                   fetch, an unproven pull): digest, status, reason
+        ├── UnreadyError           the artifact's status forbids the verb (a quarantined
+        │                          fetch, an unproven pull): digest, status, reason
+        └── DeletedError           the artifact is `deleted` (gc may have taken its
+                                   files): no verb takes it; digest
 
 Exit 6 (`NOT_FOUND`) is "the registry answered, and has no such thing" (an unknown alias,
 ref or model, nothing that serves on this GPU): a script can tell it from exit 4, an outage
@@ -118,6 +122,17 @@ class StoreError(RegistryError):
             if part
         ]
         super().__init__(f"{message} ({', '.join(details)})" if details else message)
+
+
+class DiskFullError(RegistryError):
+    """No space (or quota) left on the disk of *path*, *what* it is: the machine's fault,
+    never the artifact's (exit 4)."""
+
+    def __init__(self, path: object, what: str) -> None:
+        self.path = path
+        self.what = what
+        super().__init__(f"no space left on the device of {path} ({what}): free space there, "
+                         "or use a directory on a larger disk, and run the same command again")
 
 
 class NotFoundError(RegistryError):
@@ -259,3 +274,13 @@ class UnreadyError(RegistryError):
         why = f" ({reason})" if reason else ""
         super().__init__(f"artifact {digest} is {status}{why}: {verb} takes it only with "
                          f"--allow-unready; `enginectl show {digest[:19]}` has its reports")
+
+
+class DeletedError(RegistryError):
+    """*digest* is `deleted`: a state of the registry, so exit 4, and no flag takes it."""
+
+    def __init__(self, digest: str, *, verb: str) -> None:
+        self.digest = digest
+        super().__init__(f"artifact {digest} is deleted (gc may have removed its files): "
+                         f"{verb} another (`enginectl ls` lists what there is), or build it "
+                         "again")

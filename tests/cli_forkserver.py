@@ -86,7 +86,7 @@ PRELOAD = (
     "pipeline.serving.smoke",
     "pipeline.executors.preview",
     "pipeline.executors.noop",
-    "pipeline.deploy.fetch",
+    "registry.ops.placement",
     "pipeline.cli.progress",
     "difflib",
     "encodings.idna",

@@ -76,8 +76,8 @@ def import_(directory: Path, kind: str, model: str, gpu: str | None, quant: str 
           --tokenizer-from ./hf/Llama-3.3-70B-Instruct
       enginectl import ./ckpt --kind trtllm-checkpoint --model m --json
     """
-    from pipeline.deploy.guard import check_name_lengths
     from registry.ops.adopt import ImportSpec, import_artifact
+    from registry.ops.target import check_name_lengths
     from registry.tokenizer import carries_tokenizer
 
     check_name_lengths(directory, "DIRECTORY")  # a name too long: one line, exit 2
@@ -206,7 +206,7 @@ def fetch(ref: str, output: Path, verify: str, force: bool, allow_unready: bool,
       enginectl fetch llama70b/h100/prod -o /models/llama70b
       enginectl fetch 9f86d081884c -o ./engine --verify strict --json
     """
-    from pipeline.deploy.fetch import fetch as fetch_artifact
+    from registry.ops.fetch import fetch as fetch_artifact
 
     ctx = context()
     announce(ctx)

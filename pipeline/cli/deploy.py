@@ -130,11 +130,14 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
 
 @main.command()
 @_selection_options
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, file_okay=False),
+              help="Serve from this directory, placed as `pull -o` places it (default: "
+                   "enginectl's own serving directory).")
 @handle_errors
 def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
           min_seq_len: int | None, min_batch: int | None, prefer: tuple[str, ...], host: str,
           port: int, executable: str | None, allow_unready: bool, allow_unproven: bool,
-          no_warm: bool) -> None:
+          no_warm: bool, output: Path | None) -> None:
     """Pull REF (or what this node should serve of --model) if needed and run its server in
     the foreground; signals go to the server, and its exit code is enginectl's.
 
@@ -160,6 +163,5 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
             ctx, ref, model=model, gpu=gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
             min_batch=min_batch, prefer=prefer, host=host, port=port, executable=executable,
             allow_unready=allow_unready, allow_unproven=allow_unproven, progress=progress(),
-            started=started,
-            warm=not no_warm)
+            started=started, warm=not no_warm, output=output)
     sys.exit(code)

@@ -18,7 +18,7 @@ with the command that serves it here.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
    merged into one manifest (a path in both must have the same content) and placed like
    `fetch` places one (through the cache, verified, hard links), with `serve.json` (below),
-   all or nothing (`pipeline.deploy.dest`: a staging directory renamed into place, or,
+   all or nothing (`registry.ops.placement`: a staging directory renamed into place, or,
    for a mount point, filled in place with `serve.json` last). A second pull is a cache hit:
    no byte is downloaded, and with the manifests kept in the cache no store request made.
 
@@ -38,9 +38,11 @@ the runtime needs none or none was found), the digests placed, how it is unprove
 (`pipeline.deploy.warm`): its digest, the runtime's cache variables (`env`, relative to
 `cwd`, the directory itself) — a server started from serve.json runs in `cwd` with `env`
 set; without a warm cache `env` is empty and argv runs from anywhere. What DIR may be, and what
-in it may be replaced, is `pipeline.deploy.guard.check_dest`'s one rule, checked before
-anything is read: an absent or empty directory, or one an earlier pull filled (with *force*,
-an earlier fetch too), and never the store, the cache, a home or the working directory.
+in it may be replaced, is the one target rule (`registry.ops.target`, through
+`registry.ops.fetch.check_target`), checked before anything is placed: an absent or empty
+directory, or one an earlier pull filled (with *force*, an earlier fetch too), each entry
+proven against the manifests its marker records, and never the store, the cache, a home or
+the working directory.
 """
 
 from __future__ import annotations
@@ -52,15 +54,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
-from pipeline.deploy.dest import SCHEMA, SERVE_FILE, staged, write_json
-from pipeline.deploy.guard import MARKER, check_dest, protected_places
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
-from pipeline.deploy.warm import Warm, node_key, place_warm
+from pipeline.deploy.warm import WARM_DIR, Warm, node_key, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
 from registry.identity.manifest import FileEntry, Manifest
-from registry.ops.fetch import artifact_manifest, cached_manifest, find, lazy_store
-from registry.ops.fetch_files import Verify, fetch_manifest
+from registry.ops.fetch import artifact_manifest, cached_manifest, check_target, find, lazy_store
+from registry.ops.fetch_files import Verify, fill
+from registry.ops.marker import MARKER, SERVE_FILE, SERVE_SCHEMA, write_json
+from registry.ops.placement import placing
 from registry.sql.lookup import Found
 from registry.tokenizer import TOKENIZER_DIR
 
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from registry.context import Context
     from registry.gpus import GpuSpec
     from registry.ops.resolve import Request
+    from registry.ops.target import Target
     from registry.progress import Progress
 
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - a deploy node serves other machines
@@ -111,7 +114,7 @@ class Pulled:
     def serve_json(self) -> dict[str, Any]:
         """The content of `serve.json`."""
         return {
-            "schema": SCHEMA, "digest": self.digest, "kind": self.kind, "model": self.model,
+            "schema": SERVE_SCHEMA, "digest": self.digest, "kind": self.kind, "model": self.model,
             "runtime": self.runtime, "executable": self.executable, "argv": self.argv,
             "host": self.host, "port": self.port, "model_dir": str(self.directory),
             "served_model_name": self.served_model_name, "sources": list(self.sources),
@@ -241,7 +244,7 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
     manifest: Manifest | None = None
     evidence = unproven = None
     if ref is not None:
-        found = find(ctx, ref)  # the registry's driver alone: no SQLAlchemy on this path
+        found = find(ctx, ref, verb="pull")  # the registry's driver alone: no SQLAlchemy
         if found.status is None:  # the registry does not list it: is it in the store at all?
             manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found)  # else exit 6
         notes = ref_notes(found, allow_unready=allow_unready)
@@ -256,7 +259,7 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
     if how.model_dir == "input":
         if not manifest.inputs:
             raise ManifestError(f"{found.digest} serves its input checkpoint but records none")
-        checkpoint = find(ctx, manifest.inputs[0])  # refused when deleted
+        checkpoint = find(ctx, manifest.inputs[0], verb="pull")  # refused when deleted
         sources.append(_manifest(ctx, checkpoint.digest))
     tokenizer = None
     if how.runtime == "trtllm":
@@ -362,24 +365,32 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
     )
 
 
-def place(ctx: Context, selection: Selection, dest: Path | str, *, runtime: Runtime,
+def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtime,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
           progress: Progress | None = None, warm: bool = True) -> Pulled:
-    """Put *selection*'s files and its `serve.json` at *dest*, all or nothing
-    (`pipeline.deploy.dest.staged`), replacing what is there: *dest* is one `check_dest`
-    accepted (`pull`) or enginectl's own (`serve`'s serving directory). With *warm*, the
-    warm cache captured for this node goes in `.warm/` (`pipeline.deploy.warm`)."""
-    dest = Path(dest).absolute()
+    """Put *selection*'s files and its `serve.json` at *target*, all or nothing, staged once
+    (`registry.ops.placement.placing`), replacing only what the target rule proved
+    enginectl's (`check_target`: `pull -o`, `serve -o`, or `serve`'s own serving
+    directory). With *warm*, the warm cache captured for this node goes in `.warm/`
+    (`pipeline.deploy.warm`). The marker records every digest placed, so a fill killed
+    at any step is proven and finished by the next one."""
+    dest = target.path
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
-    with staged(dest, digest=selection.found.digest) as tree:
-        fetched = fetch_manifest(lazy_store(ctx), merged(selection), tree, cache=ctx.cache,
-                                 verify=verify, progress=progress, named=dest)
-        placed = (place_warm(ctx, selection.manifest, tree, node_key(selection.manifest))
-                  if warm else None)
+    with placing(target, by="pull", digest=selection.found.digest) as placed:
+        fetched = fill(lazy_store(ctx), merged(selection), placed.tree, cache=ctx.cache,
+                       verify=verify, progress=progress, named=dest)
+        kept = (place_warm(ctx, selection.manifest, placed.tree, node_key(selection.manifest))
+                if warm else None)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                             downloaded_bytes=fetched.downloaded_bytes,
-                            cached_bytes=fetched.cached_bytes, warm=placed)
-        write_json(tree / SERVE_FILE, pulled.serve_json())
+                            cached_bytes=fetched.cached_bytes, warm=kept)
+        write_json(placed.tree / SERVE_FILE, pulled.serve_json())
+        tokenizer = selection.tokenizer
+        placed.record(
+            sources=[str(m.digest) for m in selection.sources],
+            under=[(TOKENIZER_DIR, tokenizer.source)]
+            if tokenizer is not None and tokenizer.source is not None else [],
+            writable={WARM_DIR: kept.digest} if kept is not None and kept.digest else {})
     return pulled
 
 
@@ -410,9 +421,9 @@ def pull(
     request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
                     ctx=ctx)
-    dest = check_dest(dest, force=force, verb="pull", places=protected_places(ctx))
+    target = check_target(ctx, dest, verb="pull", force=force, verify=verify)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
     ctx.begin(store=False)  # a cache hit needs no store
-    return place(ctx, selection, dest, runtime=runtime, host=host, port=port, verify=verify,
+    return place(ctx, selection, target, runtime=runtime, host=host, port=port, verify=verify,
                  progress=progress, warm=warm)

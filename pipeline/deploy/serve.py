@@ -4,14 +4,15 @@ in the foreground — the one-container experience.
     with Context() as ctx:
         sys.exit(serve(ctx, None, model="llama-3.3-70b-instruct", gpu="auto", port=8000))
 
-The directory is `<home>/serving/<16 hex of the digest>`: content-addressed, filled from the
-fetch cache (hard links, when home and cache share a file system, as they do by default).
-A start finds it complete (its `serve.json` names the digest, and every file is proven as the
-fetch cache proves its entries: unread while its size, mtime, ctime, inode and device are
-those stamped when it was placed or last checked, else re-hashed) and only rewrites
-`serve.json` for the host and port asked; otherwise (a file edited in place, even to the same
-size, or removed) it is pulled again. The stamps are kept beside it
-(`.<16 hex>.verified.json`). A lock file beside it makes two `serve`s of one digest on a node
+The directory is `<home>/serving/<16 hex of the digest>` (or, with `-o DIR`, DIR, taken and
+placed as `pull -o DIR` does: `registry.ops.fetch.check_target`): content-addressed, filled
+from the fetch cache (hard links, when home and cache share a file system, as they do by
+default). A start finds it complete (its `serve.json` names the digest, and every file is
+proven as the fetch cache proves its entries: unread while its size, mtime, ctime, inode and
+device are those stamped when it was placed or last checked, else re-hashed) and only
+rewrites `serve.json` for the host and port asked; otherwise (a file edited in place, even
+to the same size, or removed) it is pulled again. The stamps are kept beside it (`.<16
+hex>.verified.json`). A lock file beside it makes two `serve`s of one digest on a node
 (replicas sharing a hostPath) pull it once.
 
 The server runs as a child in its own process group, started by the process runner
@@ -37,7 +38,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from pipeline.deploy.dest import SCHEMA, SERVE_FILE, write_json
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -53,6 +53,8 @@ from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.warm import WARM_DIR, Warm
 from pipeline.host.runner import start_process
 from pipeline.planning.capacity import serving_shortfall
+from registry.ops.fetch import check_target
+from registry.ops.marker import SERVE_FILE, SERVE_SCHEMA, write_json
 from registry.store.cache import check_file, file_stamp
 
 if TYPE_CHECKING:
@@ -100,7 +102,7 @@ def _complete(ctx: Context, directory: Path, selection: Selection) -> dict[str, 
         data = json.loads((directory / SERVE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA \
+    if not isinstance(data, dict) or data.get("schema") != SERVE_SCHEMA \
             or data.get("digest") != selection.found.digest:
         return None
     recorded, stamps = _read_stamps(directory), {}
@@ -157,19 +159,25 @@ def _locked(dest: Path) -> Iterator[None]:
 
 
 def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,
-            progress: Progress | None = None, warm: bool = True) -> Pulled:
-    """*selection* in its serving directory, pulled there unless it is complete already."""
+            progress: Progress | None = None, warm: bool = True,
+            output: Path | None = None) -> Pulled:
+    """*selection* in its serving directory (or *output*, a directory `check_target` took
+    as `pull -o` would), pulled there unless it is complete already."""
+    if output is not None:
+        return _prepare(ctx, selection, runtime, output, host=host, port=port,
+                        progress=progress, warm=warm, own=False)
     dest = serving_dir(ctx, selection.found.digest)
     with _locked(dest):
         return _prepare(ctx, selection, runtime, dest, host=host, port=port, progress=progress,
-                        warm=warm)
+                        warm=warm, own=True)
 
 
 def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
-             port: int, progress: Progress | None, warm: bool) -> Pulled:
+             port: int, progress: Progress | None, warm: bool, own: bool) -> Pulled:
     stamps = _complete(ctx, dest, selection)
     if stamps is None:
-        pulled = place(ctx, selection, dest, runtime=runtime, host=host, port=port,
+        target = check_target(ctx, dest, verb="serve", force=own, own=own)
+        pulled = place(ctx, selection, target, runtime=runtime, host=host, port=port,
                        progress=progress, warm=warm)
         _write_stamps(dest, _placed_stamps(dest, selection))
         return pulled
@@ -212,20 +220,26 @@ def serve(
     progress: Progress | None = None,
     started: Callable[[Pulled], None] | None = None,
     warm: bool = True,
+    output: Path | str | None = None,
 ) -> int:
     """Pull *ref* (or what resolve ranks first for *model* on *gpu*) and run its server here
     until it exits; its exit code. *started* is told what runs, just before it starts.
     `MachineError` (exit 3), before anything is pulled, when the artifact needs more GPUs
-    of its SKU (tp × pp) than nvidia-smi lists here (`pipeline.planning.capacity`)."""
+    of its SKU (tp × pp) than nvidia-smi lists here (`pipeline.planning.capacity`).
+    *output* (`serve -o DIR`): served from DIR, placed where and as `pull -o DIR` places
+    (the same target rule, checked first; a DIR that holds this artifact's pull already is
+    served as it is)."""
     request = asked("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
                     ctx=ctx)
+    directory = None if output is None else check_target(ctx, output, verb="serve",
+                                                         force=False).path
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     if (short := serving_shortfall(selection.manifest.labels)) is not None:  # before a pull
         raise short.error(f"cannot serve {selection.found.digest} here")
     runtime = find_runtime(selection.template.runtime, executable=executable)
     pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress,
-                     warm=warm)
+                     warm=warm, output=directory)
     ctx.close()  # the server may run for weeks: hold no database connection meanwhile
     if started is not None:
         started(pulled)

@@ -49,7 +49,7 @@ _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 NAME_MAX: Final = 255
 """The longest name (in UTF-8 bytes) the file systems a fetch writes to take."""
 FILL_MARKER: Final = ".enginectl-target.json"
-"""What `pull` and `fetch` leave at the top of a directory they fill (`pipeline.deploy.guard`):
+"""What `pull` and `fetch` leave at the top of a directory they fill (`registry.ops.marker`):
 never part of an artifact, so importing a fetched directory gives back the same digest."""
 
 

@@ -3,7 +3,9 @@
 The manifest comes from the local cache's copy when it has one (a manifest is named by
 its own sha256, re-checked on every read), else from the store, keeping a copy. This module
 decides what a ref fetches (`choose`: the artifact, its manifest, what is said about its
-status); `registry.ops.fetch_files.fetch_manifest` places the files, all or nothing.
+status) and `fetch` is the one fetch: the CLI's `enginectl fetch` and the Python API's.
+The files are placed by `registry.ops.fetch_files.fill` into a placement
+(`registry.ops.placement`), all or nothing, after the target rule (`registry.ops.target`).
 
 The store is opened only when something has to be read from it (`LazyStore`): a refetch by
 full digest whose manifest and blobs are in the cache makes no store request and, for S3,
@@ -18,24 +20,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from registry.errors import (
+    DeletedError,
     IntegrityError,
     ManifestError,
     NotFoundError,
     RecordNotFoundError,
     StoreError,
-    UsageError,
 )
 from registry.identity.digest import Digest
 from registry.identity.layout import manifest_name
 from registry.identity.manifest import Manifest
 from registry.ops.damage import read_failure
-from registry.ops.fetch_files import (
-    Fetched,
-    Verify,
-    check_dest_place,
-    fetch_manifest,
-    protected_places,
-)
+from registry.ops.fetch_files import Fetched, Verify, fill, protected_places
+from registry.ops.marker import MARKER
+from registry.ops.placement import check_dest, placing
+from registry.ops.target import Target
 from registry.progress import Progress
 from registry.sql.lookup import Found, lookup
 from registry.store.base import Store
@@ -138,22 +137,45 @@ def fetch(
     allow_unready: bool = False,
     progress: Progress | None = None,
 ) -> Fetched:
-    """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*.
+    """Fetch the artifact *ref* names (digest, unique prefix or alias) into *dest*: what
+    `enginectl fetch` runs.
 
-    A full digest the registry does not know is still fetched from the store, so a deploy
-    node needs only the bucket; with its manifest and blobs in the cache, not even that.
-    One the store has no manifest of either is not found (exit 6, `artifact_manifest`).
-    The registry is read without SQLAlchemy (`registry.sql.lookup`) so that a fetch starts
-    quickly. The target is checked before anything is read. A
-    `quarantined` artifact is refused unless *allow_unready*; see `status_notes` for what
-    else is said."""
-    protect = [("enginectl's home", ctx.config.home)]
-    store = lazy_store(ctx)
-    dest = check_dest_place(Path(dest), protected_places(store, ctx.cache, protect))
+    *dest* is checked first by the one target rule (`check_target`: absent or empty; with
+    *force*, one an earlier pull or fetch filled, proven file by file; never the store, the
+    cache, a home or the working directory). A full digest the registry does not know is
+    still fetched from the store, so a deploy node needs only the bucket; with its manifest
+    and blobs in the cache, not even that. One the store has no manifest of either is not
+    found (exit 6, `artifact_manifest`). The registry is read without SQLAlchemy
+    (`registry.sql.lookup`) so that a fetch starts quickly. A `quarantined` artifact is
+    refused unless *allow_unready*; see `status_notes` for what else is said. The files are
+    placed by `registry.ops.placement` (a mount point filled in place), with the marker (by
+    "fetch") that lets a later `--force` replace them; an artifact that has a top-level
+    file of the marker's name keeps its own, and that directory is then not replaced."""
+    target = check_target(ctx, dest, verb="fetch", force=force, verify=verify)
     chosen = choose(ctx, ref, allow_unready=allow_unready)
-    fetched = fetch_manifest(store, chosen.manifest, dest, cache=ctx.cache, verify=verify,
-                             force=force, progress=progress, protect=protect)
-    return replace(fetched, notes=chosen.notes)
+    manifest = chosen.manifest
+    digest = str(manifest.digest)
+    mark = MARKER not in {entry.path.split("/", 1)[0] for entry in manifest.files}
+    with placing(target, by="fetch", digest=digest, mark=mark) as placed:
+        fetched = fill(lazy_store(ctx), manifest, placed.tree, cache=ctx.cache,
+                       verify=verify, progress=progress, named=target.path)
+        placed.record(sources=[digest])
+    return replace(fetched, path=target.path, notes=chosen.notes)
+
+
+def check_target(ctx: Context, dest: Path | str, *, verb: str, force: bool,
+                 verify: Verify = "fast", own: bool = False) -> Target:
+    """The one target rule (`registry.ops.placement.check_dest`) for a command's `-o`:
+    never the store, the cache (or an older one), enginectl's home, `/`, a home or the
+    working directory; what is there proven against manifests from the cache or the store.
+    *own*: a directory of enginectl's home (`serve`'s serving directory), where only the
+    content is judged."""
+    places = [] if own else protected_places(lazy_store(ctx), ctx.cache,
+                                             [("enginectl's home", ctx.config.home)])
+    return check_dest(dest, verb=verb, force=force, places=places,
+                      manifests=lambda digest: cached_manifest(lazy_store(ctx), ctx.cache,
+                                                               digest),
+                      strict=verify == "strict")
 
 
 @dataclass(frozen=True)
@@ -199,9 +221,10 @@ def artifact_manifest(store: Store, cache: BlobCache, found: Found, *,
                  "the artifacts there are") from exc
 
 
-def find(ctx: Context, ref: str) -> Found:
+def find(ctx: Context, ref: str, *, verb: str = "fetch") -> Found:
     """What *ref* names, and its status, read without SQLAlchemy; a full digest the registry
-    does not know is taken as is (status None). A deleted artifact is refused."""
+    does not know is taken as is (status None). A deleted artifact is refused (DeletedError,
+    exit 4: a state of the registry, as a quarantined one is), whatever the flags."""
     try:
         found = lookup(ctx.config.registry_url, ref)
     except RecordNotFoundError:
@@ -209,5 +232,5 @@ def find(ctx: Context, ref: str) -> Found:
             raise
         found = Found(ref, None)
     if found.status == "deleted":
-        raise UsageError(f"artifact {found.digest} is deleted; its files may be gone")
+        raise DeletedError(found.digest, verb=verb)
     return found

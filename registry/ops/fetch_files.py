@@ -1,11 +1,11 @@
 """Placing a fetched artifact's files: where they may go, then all or nothing.
 
 Blobs come through the local cache (parallel downloads, verified with xxh3-128 while
-streaming), then are placed into a temporary directory beside the target
-(`registry.staging`), which is renamed into place only when every file checked out;
-`strict` re-hashes every placed file with xxh3-128 and sha256, cache hits included. A
-failure leaves the target as it was. A target is never one of `protected_places`, nor a
-folder above one, nor in a view of the kernel (`check_dest_place`).
+streaming), then are placed (`fill`) into the tree of a placement (`registry.ops.placement`),
+which is put at the target only when every file checked out; `strict` re-hashes every placed
+file with xxh3-128 and sha256, cache hits included. A failure leaves the target as it was. A
+target is never one of `protected_places`, nor a folder above one, nor in a view of the
+kernel (`registry.ops.target.check_dest_place`).
 
 What to fetch (a ref, its manifest, its status) is decided before, by `registry.ops.fetch`.
 `fetch_once` places a directory that several processes of one machine share, once.
@@ -13,33 +13,36 @@ What to fetch (a ref, its manifest, its status) is decided before, by `registry.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
+import errno
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from registry.errors import IntegrityError, ManifestError, StoppedError, UsageError
+from registry.errors import (
+    DiskFullError,
+    IntegrityError,
+    ManifestError,
+    StoppedError,
+    UsageError,
+)
 from registry.filelock import flock
 from registry.identity.digest import Digest, digest_file
 from registry.identity.layout import blob_name
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.damage import read_failure
+from registry.ops.placement import clear_abandoned, placing
+from registry.ops.target import Target, base_places, check_dest_place
 from registry.progress import NoProgress, Progress
-from registry.staging import clear_abandoned, stage_beside, swap_into_place
 from registry.store.base import Store
 from registry.store.cache import BlobCache
 from registry.workers import WORKERS, Workers
 
 Verify = Literal["fast", "strict"]
-PSEUDO_FILE_SYSTEMS: Final = (Path("/proc"), Path("/sys"), Path("/dev"))
-"""Kernel views a fetch never writes into."""
 INSIDE_REFUSED: Final = ("the store", "the fetch cache")
-"""Places a target may not lie inside, as well as not be or be above (pull's and fetch's
-command line add older fetch caches and enginectl's home: `pipeline.deploy.guard`)."""
+"""Places a library fetch's target may not lie inside (the commands' rule adds older caches
+and enginectl's home: `registry.ops.target.INSIDE_REFUSED`)."""
 
 
 @dataclass(frozen=True)
@@ -53,67 +56,14 @@ class Fetched:
     fetched before it was proven to serve, or one fetched despite its status."""
 
 
-def _check_target(dest: Path, force: bool) -> None:
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        raise UsageError(f"{dest} exists and is not a directory")
-    if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise UsageError(f"{dest} is not empty; fetch into an empty directory or pass --force")
-
-
 def protected_places(store: Store, cache: BlobCache,
                      extra: Iterable[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
-    """What a fetch (or pull) target may never be, nor be a folder above: `/`, the working
-    directory, the user's home, the store (`file://`) and the cache, plus *extra*
-    (enginectl's home)."""
-    places = [("the root directory", Path("/")), ("the fetch cache", cache.root),
-              *(("an older fetch cache", root) for root in cache.legacy), *extra]
-    for what, where in (("the working directory", Path.cwd), ("your home directory",
-                                                             Path.home)):
-        with contextlib.suppress(OSError, RuntimeError):  # a removed cwd, no HOME
-            places.append((what, where()))
+    """What a fetch (or pull) target may never be, nor be a folder above
+    (`registry.ops.target.base_places`): `/`, the working directory, the user's home, the
+    store (`file://`) and the cache, plus *extra* (enginectl's home)."""
     root = getattr(store, "root", None)
-    if isinstance(root, Path):
-        places.append(("the store", root))
-    return places
-
-
-def check_dest_place(dest: Path, places: Iterable[tuple[str, Path]], verb: str = "fetch",
-                     inside: Iterable[str] = INSIDE_REFUSED) -> Path:
-    """*dest* made absolute with `..` folded away; UsageError when it is, or is above, one of
-    *places*, lies inside one of those named in *inside*, or lies in /proc, /sys or /dev.
-    *verb* names the command in the message (fetch, pull)."""
-    inside = frozenset(inside)
-    absolute = _lexical(dest)
-    seen = {absolute, _resolved(absolute)}
-    for what, place in places:
-        for known in {_lexical(place), _resolved(place)}:
-            for candidate in seen:
-                if candidate == known or candidate in known.parents:
-                    raise UsageError(
-                        f"refusing to {verb} into {dest}: it is {what} ({known}) or a folder "
-                        f"above it; {verb} into a directory of its own, e.g. -o ./model")
-                if what in inside and known in candidate.parents:
-                    raise UsageError(f"refusing to {verb} into {dest}: it is inside {what} "
-                                     f"({known}); {verb} into a directory of its own")
-    for candidate in seen:
-        for pseudo in PSEUDO_FILE_SYSTEMS:
-            if candidate == pseudo or pseudo in candidate.parents:
-                raise UsageError(f"refusing to {verb} into {dest}: {pseudo} is a view of the "
-                                 f"kernel, not storage; {verb} into a directory on a disk")
-    return absolute
-
-
-def _lexical(path: Path) -> Path:
-    """*path* absolute, with `.` and `..` parts folded away as written (no links followed)."""
-    return Path(os.path.normpath(path.absolute()))
-
-
-def _resolved(path: Path) -> Path:
-    """*path* with its links followed; as written when they loop."""
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError):
-        return _lexical(path)
+    return base_places(cache.root, cache.legacy, root if isinstance(root, Path) else None,
+                       extra)
 
 
 def _inside(root: Path, relative: str) -> Path:
@@ -181,6 +131,53 @@ class _Run:
                 f"{self.manifest.size} bytes) are in the cache {self.cache.root}")
 
 
+def fill(
+    store: Store,
+    manifest: Manifest,
+    tree: Path,
+    *,
+    cache: BlobCache,
+    verify: Verify = "fast",
+    progress: Progress | None = None,
+    named: Path | None = None,
+) -> Fetched:
+    """Put *manifest*'s files in *tree* (absent, or an empty directory: a `placing` tree),
+    through the cache, verified. Ctrl-C (KeyboardInterrupt) stops every transfer at its next
+    chunk and raises StoppedError saying what the cache kept and that *named* (the
+    directory the user asked for) was left as it was; a full disk is DiskFullError."""
+    run = _Run(store, manifest, cache, progress or NoProgress())
+    pool = Workers(WORKERS, name="fetch")
+    try:
+        found = list(pool.map(lambda d: cache.verified(d, run.by_digest[d].size) is not None,
+                              run.by_digest))
+        cached = {d for d, ok in zip(run.by_digest, found, strict=True) if ok}
+        missing = [d for d in run.by_digest if d not in cached]
+        run.progress.start("fetching", manifest.size)
+        list(pool.map(run.download, missing))
+        tree.mkdir(parents=True, exist_ok=True)
+        try:
+            list(pool.map(lambda e: run.place(e, tree, cached=e.xxh3 in cached,
+                                              verify=verify), manifest.files))
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(named or tree, "the target directory") from exc
+            raise
+    except KeyboardInterrupt as exc:
+        run.stop.set()  # in-flight reads end at their next chunk; daemon threads never wait
+        pool.shutdown(wait=False, cancel_futures=True)
+        run.progress.finish()
+        raise StoppedError(f"interrupted: {named or tree} was left as it was; {run.kept()}; "
+                           "run the same fetch again to resume from them") from exc
+    except BaseException:
+        run.stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # nothing writes into the tree after
+        raise
+    finally:
+        run.progress.finish()
+    pool.shutdown()
+    return Fetched(manifest, named or tree, run.downloaded, manifest.size - run.downloaded)
+
+
 def fetch_manifest(
     store: Store,
     manifest: Manifest,
@@ -188,52 +185,22 @@ def fetch_manifest(
     *,
     cache: BlobCache,
     verify: Verify = "fast",
-    force: bool = False,
     progress: Progress | None = None,
     protect: Iterable[tuple[str, Path]] = (),
-    named: Path | None = None,
 ) -> Fetched:
-    """Materialise *manifest* at *dest*. *dest* must be absent or empty unless *force*, and
-    never one of `protected_places` (or above one). Ctrl-C (KeyboardInterrupt) stops every
-    transfer at its next chunk and raises StoppedError saying what the cache kept and that
-    *named* (the directory the user asked for, when *dest* is staged for it; else *dest*)
-    was left as it was."""
-    dest = check_dest_place(Path(dest), protected_places(store, cache, protect))
-    clear_abandoned(dest, "fetch")  # first: it may put back what a killed fetch had set aside
-    _check_target(dest, force)
-    run = _Run(store, manifest, cache, progress or NoProgress())
-    pool = Workers(WORKERS, name="fetch")
-    staging: Path | None = None
-    try:
-        found = list(pool.map(lambda d: cache.verified(d, run.by_digest[d].size) is not None,
-                              run.by_digest))
-        cached = {d for d, ok in zip(run.by_digest, found, strict=True) if ok}
-        missing = [d for d in run.by_digest if d not in cached]
-        run.progress.start("fetching", manifest.size)
-        staging = stage_beside(dest, "fetch")
-        list(pool.map(run.download, missing))
-        list(pool.map(lambda e: run.place(e, staging, cached=e.xxh3 in cached, verify=verify),
-                      manifest.files))
-        staging.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
-        swap_into_place(staging, dest)
-    except KeyboardInterrupt as exc:
-        run.stop.set()  # in-flight reads end at their next chunk; daemon threads never wait
-        pool.shutdown(wait=False, cancel_futures=True)
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        run.progress.finish()
-        raise StoppedError(f"interrupted: {named or dest} was left as it was; {run.kept()}; "
-                           "run the same fetch again to resume from them") from exc
-    except BaseException:
-        run.stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)  # nothing writes into staging after
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    finally:
-        run.progress.finish()
-    pool.shutdown()
-    return Fetched(manifest, dest, run.downloaded, manifest.size - run.downloaded)
+    """Materialise *manifest* at *dest*, absent or empty, all or nothing
+    (`registry.ops.placement`; no marker: a directory of enginectl's own, a build's inputs
+    or a smoke's model) and never one of `protected_places` (or above one)."""
+    dest = check_dest_place(Path(dest), protected_places(store, cache, protect), "fetch",
+                            INSIDE_REFUSED)
+    clear_abandoned(dest)  # first: it may put back what a killed fill had set aside
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise UsageError(f"{dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise UsageError(f"{dest} is not empty; fetch into an empty directory")
+    with placing(Target(dest), by="fetch", digest=str(manifest.digest), mark=False) as placed:
+        return fill(store, manifest, placed.tree, cache=cache, verify=verify,
+                    progress=progress, named=dest)
 
 
 def fetch_once(store: Store, manifest: Callable[[], Manifest], dest: Path, *,

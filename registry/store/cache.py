@@ -45,6 +45,7 @@ path (never replaces it), so the lock stays on the file it names.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -55,6 +56,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
+from registry.errors import DiskFullError, RegistryError
 from registry.identity.digest import Digest, digest_file, sha256_of
 
 FOLDER: Final = "xxh3-128"
@@ -238,11 +240,16 @@ class BlobCache:
     def fill(self, digest: Digest, write: Callable[[Path], None]) -> Path:
         """Run *write(temp_path)* (which must verify what it writes), then publish the entry."""
         final = self.path(digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with _writing(final.parent) as temp:
-            write(temp)
-            temp.chmod(0o444)
-            temp.replace(final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with _writing(final.parent) as temp:
+                write(temp)
+                temp.chmod(0o444)
+                temp.replace(final)
+        except (OSError, RegistryError) as exc:
+            if _disk_full(exc):
+                raise DiskFullError(self.root, "the fetch cache") from exc
+            raise
         self._stamp(final)
         return final
 
@@ -288,6 +295,17 @@ class BlobCache:
     def count(self, digests: Iterable[Digest]) -> int:
         """How many of *digests* have an entry here (unverified: for messages)."""
         return sum(1 for digest in digests if self.path(digest).is_file())
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether *exc* (or what it was raised from: a store translates the OSError of writing
+    the temp file it was handed) is a full disk or quota."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _regular(info: os.stat_result) -> bool:

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.deploy.dest import SERVE_FILE
+from registry.ops.marker import SERVE_FILE
 from pipeline.deploy.pull import pull
 from pipeline.serving.server import free_port
 from registry.context import Context

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pipeline.deploy.dest import SERVE_FILE
-from pipeline.deploy.guard import MARKER
+from registry.ops.marker import SERVE_FILE
+from registry.ops.marker import MARKER
 from pipeline.deploy.pull import select
 from pipeline.deploy.runtime import find_runtime
 from pipeline.deploy.serve import prepare, serving_dir

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deploy.dest import SERVE_FILE
-from pipeline.deploy.guard import MARKER
+from registry.ops.marker import SERVE_FILE
+from registry.ops.marker import MARKER
 from registry.identity.digest import digest_file
 from registry.identity.layout import blob_name
 from tests.deploy.user_cli import ENGINECTL, SERVER

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deploy.dest import SERVE_FILE
-from pipeline.deploy.guard import MARKER
+from registry.ops.marker import SERVE_FILE
+from registry.ops.marker import MARKER
 from pipeline.deploy.pull import pull
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig

@@ -7,6 +7,7 @@ PostgreSQL. reindex is test_reindex.py; S3's faults on the way, test_registry_s3
 from __future__ import annotations
 
 import json
+import fcntl
 import os
 import socket
 import subprocess
@@ -89,7 +90,7 @@ def _flip_one_byte(ctx: Context, digest: Digest, tmp_path: Path) -> None:
 
 def _local_context(tmp_path: Path) -> Context:
     return Context(RegistryConfig(
-        home=tmp_path, store_url=(tmp_path / "store").as_uri(), s3_endpoint_url=None,
+        home=tmp_path / "home", store_url=(tmp_path / "store").as_uri(), s3_endpoint_url=None,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
     ))
 
@@ -101,26 +102,38 @@ def _dead_pid() -> int:
 
 
 def test_a_fetch_tidies_what_killed_fetches_left_beside_its_target(tmp_path: Path) -> None:
+    """A staging directory is a killed fill's when it holds its `lock` file, unlocked, and
+    nothing but `lock`, `tree` and `old`: removed (its `old` put back when the target is
+    gone: killed between the two renames). One whose lock is held (a running fill), one
+    without a lock file and one of another target are left alone, whatever their names."""
     ctx = _local_context(tmp_path)
     published = import_artifact(ctx, make_engine(tmp_path / "engine"), engine_spec())
     host, dead = socket.gethostname(), _dead_pid()
-    left = {name: tmp_path / name for name in (
-        f".out.fetch-{host}-{dead}-abc123",  # a killed fetch's staging: removed
-        f".out.fetch-{host}-{os.getpid()}-def456",  # a running one's: kept
-        f".out.fetch-elsewhere-{dead}-ghi789",  # another host's: kept
-        f".output.fetch-{host}-{dead}-jkl012",  # another target's: kept
-    )}
-    for path in left.values():
-        path.mkdir()
-        (path / "rank0.engine").write_bytes(b"partial")
-    fetch(ctx, published.digest, tmp_path / "out")
-    assert sorted(p.name for p in tmp_path.glob(".out*")) == sorted(list(left)[1:])
+
+    def staging(name: str, *, lock: bool = True) -> Path:
+        path = tmp_path / name
+        (path / "tree").mkdir(parents=True)
+        (path / "tree" / "rank0.engine").write_bytes(b"partial")
+        if lock:
+            (path / "lock").touch()
+        return path
+
+    killed = staging(f".out.pull-{host}-{dead}-abc123")
+    running = staging(f".out.pull-{host}-{os.getpid()}-def456")
+    unlocked = staging(f".out.pull-{host}-{dead}-ghi789", lock=False)
+    other = staging(f".output.pull-{host}-{dead}-jkl012")
+    with (running / "lock").open("r+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        fetch(ctx, published.digest, tmp_path / "out")
+    assert not killed.exists()
+    assert all(path.is_dir() for path in (running, unlocked, other))
+    assert (unlocked / "tree" / "rank0.engine").read_bytes() == b"partial"
 
     # Killed between setting the old content aside and renaming the new one in: the old
     # content comes back, and a fetch without --force then refuses to replace it.
-    aside = tmp_path / f".mine.old-{host}-{dead}"
-    aside.mkdir()
-    (aside / "notes.txt").write_text("my previous engine")
+    aside = staging(f".mine.pull-{host}-{dead}-mno345")
+    (aside / "old").mkdir()
+    (aside / "old" / "notes.txt").write_text("my previous engine")
     with pytest.raises(UsageError, match="not empty"):
         fetch(ctx, published.digest, tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "my previous engine"
@@ -177,15 +190,14 @@ def test_a_flipped_byte_fails_fetch_and_fsck_and_leaves_the_target_alone(
     _flip_one_byte(ctx, rank1.xxh3, tmp_path)
     target = tmp_path / "out"
     target.mkdir()
-    (target / "keep.txt").write_text("mine")
     with pytest.raises(IntegrityError) as caught:
-        fetch(ctx, published.digest, target, force=True)
+        fetch(ctx, published.digest, target)
     message = str(caught.value)
     assert "rank1.engine" in message
     assert str(rank1.xxh3) in message
     assert str(caught.value.actual) in message
     assert caught.value.actual != rank1.xxh3
-    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    assert list(target.iterdir()) == []
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
     found = fsck(ctx)
     checked, problems = found.checked, found.problems
