@@ -12,8 +12,9 @@ proven as the fetch cache proves its entries: unread while its size, mtime, ctim
 device are those stamped when it was placed or last checked, else re-hashed) and only
 rewrites `serve.json` for the host and port asked; otherwise (a file edited in place, even
 to the same size, or removed) it is pulled again. The stamps are kept beside it (`.<16
-hex>.verified.json`). A lock file beside it makes two `serve`s of one digest on a node
-(replicas sharing a hostPath) pull it once.
+hex>.verified.json`; for `-o DIR` in `<home>/serving/`, so nothing is written beside DIR).
+A lock file beside it makes two `serve`s of one digest on a node (replicas sharing a
+hostPath) pull it once.
 
 The server runs as a child in its own process group, started by the process runner
 (pipeline.host.runner) under its guard. SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and
@@ -73,13 +74,21 @@ def serving_dir(ctx: Context, digest: str) -> Path:
     return ctx.config.home / "serving" / digest.removeprefix("sha256:")[:16]
 
 
-def _stamps_path(directory: Path) -> Path:
-    return directory.with_name(f".{directory.name}.verified.json")
+def _stamps_path(ctx: Context, directory: Path) -> Path:
+    """Where the stamps of *directory*'s files are kept: beside a serving directory, in the
+    serving folder for a `-o DIR` (nothing is written outside DIR)."""
+    serving = ctx.config.home / "serving"
+    if directory.parent == serving:
+        return directory.with_name(f".{directory.name}.verified.json")
+    import hashlib
+
+    named = hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]
+    return serving / f".output-{named}.verified.json"
 
 
-def _read_stamps(directory: Path) -> dict[str, str]:
+def _read_stamps(ctx: Context, directory: Path) -> dict[str, str]:
     try:
-        data = json.loads(_stamps_path(directory).read_text(encoding="utf-8"))
+        data = json.loads(_stamps_path(ctx, directory).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("directory") != str(directory):
@@ -88,9 +97,11 @@ def _read_stamps(directory: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in stamps.items()} if isinstance(stamps, dict) else {}
 
 
-def _write_stamps(directory: Path, stamps: dict[str, str]) -> None:
+def _write_stamps(ctx: Context, directory: Path, stamps: dict[str, str]) -> None:
     with contextlib.suppress(OSError):  # no stamps only costs the next start a re-hash
-        write_json(_stamps_path(directory), {"directory": str(directory), "files": stamps})
+        path = _stamps_path(ctx, directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"directory": str(directory), "files": stamps})
 
 
 def _complete(ctx: Context, directory: Path, selection: Selection) -> dict[str, str] | None:
@@ -105,7 +116,7 @@ def _complete(ctx: Context, directory: Path, selection: Selection) -> dict[str, 
     if not isinstance(data, dict) or data.get("schema") != SERVE_SCHEMA \
             or data.get("digest") != selection.found.digest:
         return None
-    recorded, stamps = _read_stamps(directory), {}
+    recorded, stamps = _read_stamps(ctx, directory), {}
     for entry in merged(selection).files:
         path = directory.joinpath(*entry.path.split("/"))
         now = file_stamp(path)
@@ -179,9 +190,9 @@ def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *
         target = check_target(ctx, dest, verb="serve", force=own, own=own)
         pulled = place(ctx, selection, target, runtime=runtime, host=host, port=port,
                        progress=progress, warm=warm)
-        _write_stamps(dest, _placed_stamps(dest, selection))
+        _write_stamps(ctx, dest, _placed_stamps(dest, selection))
         return pulled
-    _write_stamps(dest, stamps)
+    _write_stamps(ctx, dest, stamps)
     pulled = pulled_for(selection, runtime, dest, host=host, port=port,
                         cached_bytes=merged(selection).size, warm=_kept_warm(dest, warm))
     write_json(dest / SERVE_FILE, pulled.serve_json())

@@ -132,7 +132,18 @@ def placing(target: Target, *, by: By, digest: str | None, mark: bool = True
                     raise DiskFullError(dest, "the target directory") from exc
                 raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
+
+
+def _remove_staging(staging: Path) -> None:
+    """*staging* removed, its lock file last: a kill on the way leaves it locked-and-free
+    (cleared by the next fill) or empty (removed by it)."""
+    for part in ("tree", "old"):
+        shutil.rmtree(staging / part, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (staging / LOCK).unlink()
+    with contextlib.suppress(OSError):
+        staging.rmdir()
 
 
 def _put(placed: Placed, target: Target, staging: Path, *, inside: bool, by: By,
@@ -163,8 +174,12 @@ def clear_abandoned(dest: Path) -> None:
 
 
 def _clear(path: Path, dest: Path) -> None:
-    if path.is_symlink() or not path.is_dir() or not (path / LOCK).is_file() \
-            or not {p.name for p in path.iterdir()} <= _STAGING_PARTS:
+    if path.is_symlink() or not path.is_dir():
+        return
+    if not any(path.iterdir()):
+        path.rmdir()  # a staging directory killed as it was removed: nothing in it
+        return
+    if not (path / LOCK).is_file() or not {p.name for p in path.iterdir()} <= _STAGING_PARTS:
         return  # not a staging directory enginectl made: left alone
     with _if_abandoned(path / LOCK) as gone:
         if not gone:
@@ -173,7 +188,7 @@ def _clear(path: Path, dest: Path) -> None:
         if old.is_dir() and not old.is_symlink() and path.parent == dest.parent \
                 and not dest.exists():
             old.rename(dest)
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_staging(path)
 
 
 @contextlib.contextmanager
@@ -255,7 +270,7 @@ def _move_in(placed: Placed, target: Target, *, by: By, digest: str | None,
                  sources=(*old_sources, *placed.sources),
                  under=(*old_under, *placed.under),
                  writable={**old_writable, **placed.writable}, filling=owner())
-    removable = sorted(target.removable - {MARKER, LOST_FOUND},
+    removable = sorted(sorted(target.removable - {MARKER, LOST_FOUND}),
                        key=lambda name: name != SERVE_FILE)  # serve.json out first
     for name in removable:
         path = dest / name

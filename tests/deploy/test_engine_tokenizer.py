@@ -14,10 +14,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from registry.ops.marker import SERVE_FILE
 from pipeline.deploy.pull import pull
 from pipeline.serving.server import free_port
 from registry.context import Context
+from registry.ops.marker import SERVE_FILE
 from tests.deploy import artifacts
 from tests.helpers import FAKES
 

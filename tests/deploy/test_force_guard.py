@@ -18,8 +18,6 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from registry.ops.marker import SERVE_FILE
-from registry.ops.marker import MARKER
 from pipeline.deploy.pull import select
 from pipeline.deploy.runtime import find_runtime
 from pipeline.deploy.serve import prepare, serving_dir
@@ -28,6 +26,7 @@ from registry.context import Context
 from registry.errors import ManifestError
 from registry.identity.digest import sha256_of
 from registry.identity.manifest import check_path
+from registry.ops.marker import MARKER, SERVE_FILE
 from tests.deploy.user_cli import SERVER, run, snapshot
 
 LONG = "x" * 300

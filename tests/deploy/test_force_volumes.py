@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.ops.marker import SERVE_FILE
-from registry.ops.marker import MARKER
 from registry.identity.digest import digest_file
 from registry.identity.layout import blob_name
+from registry.ops.marker import MARKER, SERVE_FILE
 from tests.deploy.user_cli import ENGINECTL, SERVER
 
 

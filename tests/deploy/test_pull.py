@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from registry.ops.marker import SERVE_FILE
-from registry.ops.marker import MARKER
 from pipeline.deploy.pull import pull
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig
@@ -31,6 +29,7 @@ from registry.errors import (
 from registry.identity.digest import Digest
 from registry.identity.layout import blob_name
 from registry.ops.fetch import fetch, load_manifest
+from registry.ops.marker import MARKER, SERVE_FILE
 from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
 from tests.helpers import stderr_of

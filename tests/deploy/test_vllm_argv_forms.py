@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
-from registry.ops.marker import SERVE_FILE
 from pipeline.deploy.pull import pull
 from pipeline.recipe.schema import VllmServe
 from pipeline.stages.serve import VLLM_API_SERVER, VLLM_SERVE, vllm_argv, vllm_form, vllm_model
 from registry.context import Context
 from registry.errors import ManifestError
+from registry.ops.marker import SERVE_FILE
 from registry.ops.publish import publish
 from tests.deploy import artifacts
 

@@ -6,8 +6,8 @@ PostgreSQL. reindex is test_reindex.py; S3's faults on the way, test_registry_s3
 
 from __future__ import annotations
 
-import json
 import fcntl
+import json
 import os
 import socket
 import subprocess
