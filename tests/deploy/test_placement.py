@@ -183,3 +183,28 @@ def test_pulling_a_deleted_artifact_is_exit_4(user: dict[str, str], tmp_path: Pa
                       code=4)
         assert f"artifact {user['ENGINE_A']} is deleted" in refused.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_a_full_disk_is_exit_4_naming_the_path(user: dict[str, str], tmp_path: Path) -> None:
+    """A target (pull, fetch) or fetch cache on a disk too small for the artifact (~100 kB):
+    exit 4 naming where, as it was before; a full disk is the machine's fault."""
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, size="64k"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        target = small / "model"
+        for verb, extra in (("pull", ["--executable", SERVER]), ("fetch", [])):
+            refused = run(user, verb, user["ENGINE_A"], "-o", str(target), *extra, code=4)
+            assert f"no space left on the device of {target} (the target directory)" \
+                in refused.stderr
+            assert list(small.iterdir()) == []
+        cache = small / "cache"
+        before = snapshot(tmp_path)
+        refused = run({**user, "ENGINECTL_CACHE_DIR": str(cache)}, "fetch", user["ENGINE_B"],
+                      "-o", str(tmp_path / "out"), code=4)
+        assert f"no space left on the device of {cache} (the fetch cache)" in refused.stderr
+        assert not (tmp_path / "out").exists()
+        assert {k: v for k, v in snapshot(tmp_path).items()
+                if not k.startswith("small/")} == before
+    finally:
+        unmount(small)
