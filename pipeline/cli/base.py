@@ -35,8 +35,8 @@ EXIT_CODES: Final = (
     (1, "unexpected error (one line; --traceback shows the stack)"),
     (2, "bad usage, recipe or setting (ENGINECTL_*)"),
     (3, "a stage failed, or this machine cannot run it (GPU SKU, GPU count, runtime)"),
-    (4, "registry, store or integrity error (unreachable, missing, damaged, a `deleted` "
-        "artifact), or a full disk (naming the path)"),
+    (4, ("registry, store or integrity error (unreachable, missing, damaged, a `deleted` "
+         "artifact), or a full disk (naming the path)")),
     (5, "a smoke check failed, a regression held an alias, or a toolchain regression"),
     (6, "not found: no such alias, ref or model in the registry"),
     (130, "interrupted (Ctrl-C)"),

@@ -18,9 +18,8 @@ with the command that serves it here.
 3. The files: the artifact's, plus its checkpoint's for an entry that serves `inputs[0]`,
    merged into one manifest (a path in both must have the same content) and placed like
    `fetch` places one (through the cache, verified, hard links), with `serve.json` (below),
-   all or nothing (`registry.ops.placement`: a staging directory renamed into place, or,
-   for a mount point, filled in place with `serve.json` last). A second pull is a cache hit:
-   no byte is downloaded, and with the manifests kept in the cache no store request made.
+   all or nothing (`registry.ops.placement`). A second pull is a cache hit: no byte is
+   downloaded, and with the manifests kept in the cache no store request made.
 
 A compiled engine is served with a tokenizer directory, `DIR/tokenizer`: the source model's
 HF config.json, tokenizer files and chat template (trtllm-serve loads the model config from
@@ -38,12 +37,7 @@ the runtime needs none or none was found), the digests placed, how it is unprove
 (`pipeline.deploy.warm`): its digest, the runtime's cache variables (`env`, relative to
 `cwd`, the directory itself) — a server started from serve.json runs in `cwd` with `env`
 set; without a warm cache `env` is empty and argv runs from anywhere. What DIR may be, and what
-in it may be replaced, is the one target rule (`registry.ops.target`, through
-`registry.ops.fetch.check_target`), checked before anything is placed: an absent or empty
-directory, or one an earlier pull filled (with *force*, an earlier fetch too), each entry
-proven against the manifests its marker records, and never the store, the cache, a home or
-the working directory.
-"""
+in it may be replaced, is the one target rule (`registry.ops.target`), checked first."""
 
 from __future__ import annotations
 
@@ -368,12 +362,8 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
 def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtime,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
           progress: Progress | None = None, warm: bool = True) -> Pulled:
-    """Put *selection*'s files and its `serve.json` at *target*, all or nothing, staged once
-    (`registry.ops.placement.placing`), replacing only what the target rule proved
-    enginectl's (`check_target`: `pull -o`, `serve -o`, or `serve`'s own serving
-    directory). With *warm*, the warm cache captured for this node goes in `.warm/`
-    (`pipeline.deploy.warm`). The marker records every digest placed, so a fill killed
-    at any step is proven and finished by the next one."""
+    """Put *selection*'s files and `serve.json` at *target* (`check_target`'s), all or
+    nothing (`registry.ops.placement`); with *warm*, this node's warm cache in `.warm/`."""
     dest = target.path
     pulled_for(selection, runtime, dest, host=host, port=port)  # refuses an unknown argv early
     with placing(target, by="pull", digest=selection.found.digest) as placed:
@@ -385,12 +375,10 @@ def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtim
                             downloaded_bytes=fetched.downloaded_bytes,
                             cached_bytes=fetched.cached_bytes, warm=kept)
         write_json(placed.tree / SERVE_FILE, pulled.serve_json())
-        tokenizer = selection.tokenizer
-        placed.record(
-            sources=[str(m.digest) for m in selection.sources],
-            under=[(TOKENIZER_DIR, tokenizer.source)]
-            if tokenizer is not None and tokenizer.source is not None else [],
-            writable={WARM_DIR: kept.digest} if kept is not None and kept.digest else {})
+        source = selection.tokenizer.source if selection.tokenizer else None
+        placed.record(sources=[str(m.digest) for m in selection.sources],
+                      under=[(TOKENIZER_DIR, source)] if source else [],
+                      writable={WARM_DIR: kept.digest} if kept and kept.digest else {})
     return pulled
 
 
