@@ -197,9 +197,10 @@ def produce_output(job: StageJob) -> StageResult:
 
 def _build_engine(job: StageJob, checkpoint: Path, out: Path) -> StageResult:
     run, target = job.run, _target(job).target
-    tensorrt = job.plan.toolchains.for_gpu(target.gpu.sku).tensorrt
-    cache = for_build(job.store, target.gpu, tensorrt, run.workdir,
-                      python=job.settings.python, log_path=job.log_path)
+    toolchain = job.plan.toolchains.for_gpu(target.gpu.sku)
+    cache = for_build(job.store, target.gpu, toolchain.tensorrt, run.workdir,
+                      python=job.settings.python, log_path=job.log_path, cuda=toolchain.cuda,
+                      argv=run.make_argv(lambda key: job.inputs[key], out) or ())
     _run_tool(job, _fresh(out), job.plan.loaded.recipe.build.timeout_s, extra=cache.flags())
     cache.publish()
     config = _read_json(out / "config.json", job)

@@ -7,8 +7,8 @@
     convert     TensorRT-LLM's per-family `convert_checkpoint.py` argv
     build       `trtllm-build`'s argv and the plugin settings it really applies
     serve       the serving argv of the three runtimes (trtllm-serve, vLLM on GPU and CPU)
-    timing_cache  the TensorRT timing cache of engine builds, one per (GPU SKU, SM, TensorRT):
-                read before trtllm-build, published after; not in the key
+    timing_cache  the TensorRT timing cache of engine builds, one per (GPU SKU, SM, TensorRT,
+                CUDA, tactic flags): read before trtllm-build, published after; not in the key
 
 The argv builders (quantize, convert, build, serve) are pure: planning imports them to key
 each stage run. What runs a stage with its plan lives above: `pipeline.executors.work`, and

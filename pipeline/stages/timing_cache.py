@@ -1,18 +1,25 @@
-"""The TensorRT timing cache of engine builds, one per pool: (GPU SKU, SM, TensorRT version).
+"""The TensorRT timing cache of engine builds, one per scope: (GPU SKU, SM, TensorRT version,
+CUDA version, the builder flags that change tactics).
 
 While it builds an engine, TensorRT times candidate kernels ("tactics") for each layer
 configuration and keeps the fastest in a timing cache; a build that starts from a cache does
 not time again what the cache holds. The cache changes how long a build takes, never what the
 engine computes, so it is not in the build key: its flags are added to trtllm-build's argv when
 the build runs (`pipeline.executors.work`), never to the planned flags that the key is made of
-(`pipeline.stages.build.build_flags`). A cache is valid only for the TensorRT version and the
-GPU it was timed on: the store keeps one per pool, so another pool's is never offered, and
+(`pipeline.stages.build.build_flags`). TensorRT's developer guide says a timing cache is
+specific to the device, the CUDA and TensorRT versions, and the builder configuration flags
+that change which implementations a layer may take (BuilderFlag TF32 and REFIT among them):
+the store keeps one per scope (`CacheScope`), so another scope's is never offered, and
 TensorRT itself refuses one of another version or device (its header), so one that got under
-the wrong prefix is not used either.
+the wrong prefix is not used either. The flags (`tactic_flags`): `refit` and `strip`
+(trtllm-build's --strip_plan builds a refittable engine stripped of its weights: TensorRT's
+STRIP_PLAN with REFIT_IDENTICAL) and `no-tf32` (NVIDIA_TF32_OVERRIDE=0 in the build's
+environment turns TF32 off under every library); a build with none of them is `default`.
 
 Store layout (beside the artifacts' objects, never under blobs/ or manifests/, which gc sweeps):
 
-    timing-caches/<GPU SKU>/sm<SM>/tensorrt-<TensorRT version>/<sha256 of the bytes>.cache
+    timing-caches/<GPU SKU>/sm<SM>/tensorrt-<TensorRT version>/cuda-<CUDA>/<flags>/
+        <sha256 of the bytes>.cache
 
 Every build's output is an object of its own, named by its content, so builds of one pool that
 run at once never overwrite each other: both start from C and publish C+a and C+b side by side.
@@ -40,9 +47,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -88,29 +96,45 @@ MERGE: Final = (
 )
 
 
+def tactic_flags(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The builder flags of a trtllm-build *argv* run in *env* that change which tactics
+    TensorRT may time (module doc), in a fixed order."""
+    strip = "--strip_plan" in argv
+    found = [name for name, on in (("refit", strip or "--refit" in argv), ("strip", strip),
+                                   ("no-tf32", env.get("NVIDIA_TF32_OVERRIDE") == "0")) if on]
+    return tuple(found)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheScope:
-    """The GPUs whose builds share a timing cache: one SKU and SM, one TensorRT version."""
+    """The builds that share a timing cache: one GPU SKU and SM, one TensorRT and CUDA
+    version, the same tactic-changing builder flags (`tactic_flags`, "default" for none)."""
 
     sku: str
     sm: int
     tensorrt: str
+    cuda: str
+    flags: str = "default"
 
     @classmethod
-    def of(cls, gpu: GpuSpec, tensorrt: str | None) -> CacheScope | None:
-        """The pool of *gpu* with *tensorrt*; None when the version is unknown or a part
-        would not be a safe key segment."""
-        if tensorrt is None or not _SEGMENT.fullmatch(gpu.sku) \
-                or not _SEGMENT.fullmatch(tensorrt):
+    def of(cls, gpu: GpuSpec, tensorrt: str | None, cuda: str | None,
+           flags: Sequence[str] = ()) -> CacheScope | None:
+        """The scope of a build on *gpu* with *tensorrt*, *cuda* and *flags*; None when a
+        version is unknown or a part would not be a safe key segment."""
+        named = "+".join(flags) or "default"
+        if tensorrt is None or cuda is None or not all(
+                _SEGMENT.fullmatch(part) for part in (gpu.sku, tensorrt, cuda, named)):
             return None
-        return cls(gpu.sku, gpu.sm, tensorrt)
+        return cls(gpu.sku, gpu.sm, tensorrt, cuda, named)
 
     @property
     def prefix(self) -> str:
-        return f"{ROOT}{self.sku}/sm{self.sm}/tensorrt-{self.tensorrt}/"
+        return (f"{ROOT}{self.sku}/sm{self.sm}/tensorrt-{self.tensorrt}/cuda-{self.cuda}/"
+                f"{self.flags}/")
 
     def __str__(self) -> str:
-        return f"{self.sku} (SM {self.sm}, TensorRT {self.tensorrt})"
+        return (f"{self.sku} (SM {self.sm}, TensorRT {self.tensorrt}, CUDA {self.cuda}, "
+                f"{self.flags} flags)")
 
 
 def cache_name(pool: CacheScope, data: bytes) -> str:
@@ -258,8 +282,11 @@ class TimingCache:
 
 
 def for_build(store: Store | None, gpu: GpuSpec, tensorrt: str | None, workdir: Path, *,
-              python: str, log_path: Path) -> TimingCache:
-    """The timing cache of an engine build on *gpu* with TensorRT *tensorrt* (the pool's
-    toolchain, whether or not the key's rebuild policy counts it), kept in *workdir*."""
-    return TimingCache(store, CacheScope.of(gpu, tensorrt), workdir / "timing-cache", python,
-                       log_path)
+              python: str, log_path: Path, cuda: str | None = None,
+              argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> TimingCache:
+    """The timing cache of an engine build on *gpu* with TensorRT *tensorrt* and CUDA *cuda*
+    (the pool's toolchain, whether or not the key's rebuild policy counts them), of the
+    trtllm-build *argv* run in *env* (this process's by default), kept in *workdir*."""
+    flags = tactic_flags(argv, os.environ if env is None else env)
+    return TimingCache(store, CacheScope.of(gpu, tensorrt, cuda, flags),
+                       workdir / "timing-cache", python, log_path)

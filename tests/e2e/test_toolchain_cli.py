@@ -148,3 +148,40 @@ def test_toolchain_without_a_gpu_reports_versions_and_says_so(tmp_path: Path) ->
     assert found["torch"] == torch
     table = toolchain(env).stdout
     assert "no NVIDIA GPU on this machine" in table
+
+
+def test_two_cuda_builds_of_one_vllm_are_keyed_apart(tmp_path: Path) -> None:
+    """vLLM's stages are keyed with what vLLM's own Python has: its local version
+    (`+cu128`), its torch, that torch's CUDA and its Triton; the builder's CUDA is not it."""
+    def node(name: str, cuda: str, local: str) -> dict[str, str]:
+        serving = fake_python(tmp_path / name, {"torch": f"2.9.0+{local}", "triton": "3.5.0"},
+                              torch_cuda=cuda, vllm=("vllm", f"0.11.0+{local}"))
+        return {**os.environ, **fake_gpu(tmp_path / name / "gpu", count=8),
+                "PATH": f"{only_nvidia_smi(tmp_path / name / 'bin')}{os.pathsep}"
+                        f"{os.environ['PATH']}",
+                "ENGINECTL_HOME": str(tmp_path / name / "home"),
+                "ENGINECTL_VLLM_PYTHON": str(serving)}
+
+    cu128, cu130 = node("cu128", "12.8", "cu128"), node("cu130", "13.0", "cu130")
+    found = json.loads(toolchain(cu128, "--json").stdout)
+    assert (found["vllm"], found["vllm_torch"], found["vllm_cuda"], found["vllm_triton"]) == (
+        "0.11.0+cu128", "2.9.0", "12.8", "3.5.0")
+    assert found["cuda"] != "12.8"  # the builder's Python, not vLLM's
+    serving = cu128["ENGINECTL_VLLM_PYTHON"]
+    assert found["sources"]["vllm_cuda"] == f"torch.version.cuda in {serving}"
+
+    def vllm_keys(env: dict[str, str]) -> list[str]:
+        done = enginectl(env, "build", "recipes/llama70b-h100.yaml", "--dry-run", "--json")
+        return [key for target in json.loads(done.stdout)["targets"]
+                if target["runtime"] == "vllm" for key in target["stages"][-2:]]
+
+    first, second = vllm_keys(cu128), vllm_keys(cu130)
+    assert first
+    assert not set(first) & set(second)  # the entry and its smoke, both
+    # one vLLM version string, two torch builds: still two keys
+    same_vllm = node("same", "13.0", "cu130")
+    (tmp_path / "same" / "site" / "vllm-0.11.0+cu130.dist-info").rename(
+        tmp_path / "same" / "site" / "vllm-0.11.0+cu128.dist-info")
+    metadata = tmp_path / "same" / "site" / "vllm-0.11.0+cu128.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text().replace("+cu130", "+cu128"))
+    assert not set(first) & set(vllm_keys(same_vllm))

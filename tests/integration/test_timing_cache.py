@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.stages.timing_cache import NOTE, CacheScope, TimingCache, cache_name
+from pipeline.stages.timing_cache import NOTE, CacheScope, TimingCache, cache_name, tactic_flags
 from registry.gpus import lookup_gpu
 from registry.store.base import Store
 from registry.store.opener import open_store
@@ -50,7 +50,7 @@ def _stand_in_tensorrt() -> ModuleType:
 
 fake_trt = _stand_in_tensorrt()
 
-H100 = CacheScope("H100-SXM5-80GB", 90, "10.14.1.48")
+H100 = CacheScope("H100-SXM5-80GB", 90, "10.14.1.48", "13.1")
 SHAPES = {
     "small": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
     "wide": {"max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512},
@@ -169,8 +169,8 @@ def test_a_build_publishes_its_cache_and_the_next_shape_starts_from_it_under_the
 def test_a_cache_of_another_tensorrt_version_or_gpu_is_never_offered(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    older = CacheScope("H100-SXM5-80GB", 90, "10.13.1.1")
-    a100 = CacheScope("A100-SXM4-80GB", 80, "10.14.1.48")
+    older = CacheScope("H100-SXM5-80GB", 90, "10.13.1.1", "13.1")
+    a100 = CacheScope("A100-SXM4-80GB", 80, "10.14.1.48", "13.1")
     store = home_store(tmp_path)
     build({**env, "FAKE_TENSORRT_VERSION": older.tensorrt},
           engine_recipe(tmp_path, "small", toolchain={"tensorrt": older.tensorrt}, name="old"))
@@ -308,7 +308,7 @@ def test_concurrent_publishes_survive_the_merge_on_every_store(
     monkeypatch.setenv("PYTHONPATH", str(FAKE_PYTHON))
     monkeypatch.delenv("FAKE_TRTLLM_SM", raising=False)
     monkeypatch.delenv("FAKE_TENSORRT_VERSION", raising=False)
-    pool = CacheScope.of(lookup_gpu("h100"), "10.14.1.48")
+    pool = CacheScope.of(lookup_gpu("h100"), "10.14.1.48", "13.1")
     assert pool == H100
 
     def cache(name: str) -> TimingCache:
@@ -341,9 +341,27 @@ def test_no_tensorrt_version_no_store_means_only_an_output_in_the_work_directory
 ) -> None:
     """Without a pool (its TensorRT version unknown) trtllm-build still gets an output path of
     the run's own, never TRT-LLM's default 'model.cache' in the current directory."""
-    assert CacheScope.of(lookup_gpu("h100"), None) is None
-    assert CacheScope.of(lookup_gpu("h100"), "../10") is None
+    assert CacheScope.of(lookup_gpu("h100"), None, "13.1") is None
+    assert CacheScope.of(lookup_gpu("h100"), "10.14.1.48", None) is None
+    assert CacheScope.of(lookup_gpu("h100"), "../10", "13.1") is None
     timing = TimingCache(None, None, tmp_path / "tc", sys.executable, tmp_path / "log")
     assert timing.flags() == ["--output_timing_cache", str(tmp_path / "tc" / "output.cache")]
     timing.publish()
     assert "building cold" in (tmp_path / "log").read_text()
+
+
+def test_a_scope_is_one_cuda_version_and_one_set_of_tactic_flags() -> None:
+    """TensorRT's timing cache is specific to the CUDA version and the builder flags that
+    change tactics (TF32, REFIT) beside the device and TensorRT: each is a scope of its own."""
+    h100 = lookup_gpu("h100")
+    assert tactic_flags(["trtllm-build", "--gemm_plugin", "auto"], {}) == ()
+    assert tactic_flags(["trtllm-build", "--strip_plan"], {}) == ("refit", "strip")
+    assert tactic_flags(["trtllm-build"], {"NVIDIA_TF32_OVERRIDE": "0"}) == ("no-tf32",)
+    scopes = [CacheScope.of(h100, "10.14.1.48", "13.1"),
+              CacheScope.of(h100, "10.14.1.48", "13.0"),
+              CacheScope.of(h100, "10.14.1.48", "13.1", ("refit", "strip")),
+              CacheScope.of(h100, "10.14.1.48", "13.1", ("no-tf32",))]
+    prefixes = {scope.prefix for scope in scopes if scope is not None}
+    assert len(prefixes) == 4
+    assert scopes[0] == H100
+    assert H100.prefix == "timing-caches/H100-SXM5-80GB/sm90/tensorrt-10.14.1.48/cuda-13.1/default/"
