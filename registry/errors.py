@@ -6,6 +6,8 @@
     │   │                          (exit 6, not found): model, the models it knows
     │   ├── NothingResolvableError every artifact of the model was rejected for the node
     │   │                          (exit 6, not found): model, gpu, one reason per artifact
+    │   ├── AliasToolchainError    no target an alias had runs on this node's toolchain
+    │   │                          (exit 6, not found): alias, digest, what it needs
     │   └── ConfigError            a bad value in the environment (ENGINECTL_HOME is a file
     │                              or relative, ENGINECTL_REGISTRY_URL is not a URL):
     │                              variable, value
@@ -284,3 +286,20 @@ class DeletedError(RegistryError):
         super().__init__(f"artifact {digest} is deleted (gc may have removed its files): "
                          f"{verb} another (`enginectl ls` lists what there is), or build it "
                          "again")
+
+
+class AliasToolchainError(UsageError):
+    """Alias *alias* points at *digest*, which needs *needs* (`trtllm 1.3.0`) where this node
+    has *have*, and no earlier target of it runs here (exit 6: nothing for this node)."""
+
+    exit_code = NOT_FOUND
+
+    def __init__(self, alias: str, digest: str, needs: list[str], have: str) -> None:
+        self.alias = alias
+        self.digest = digest
+        self.needs = needs
+        super().__init__(
+            f"{alias} needs {', '.join(needs)}: its target {digest[:19]}… was proven only "
+            f"there, and this node has {have}; no earlier target of it runs on this node's "
+            f"toolchain; run a node with {', '.join(needs)}, or pull a digest by name to take "
+            "one anyway")

@@ -349,7 +349,7 @@ def resolve(model: str, gpu: str, gpu_count: int | None, min_seq_len: int | None
       enginectl resolve --model llama-3.3-70b-instruct --gpu h100 --min-seq-len 4096
       enginectl resolve --model tiny-llama --gpu auto --explain
     """
-    from pipeline.deploy.pull import node_request
+    from pipeline.deploy.node import node_request
     from registry.errors import RecordNotFoundError
     from registry.ops.resolve import resolve as rank_for
 

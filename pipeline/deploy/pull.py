@@ -6,7 +6,9 @@ with the command that serves it here.
         os.execv(pulled.argv[0], pulled.argv)
 
 1. What: a REF (digest, prefix or alias; only `ready` artifacts, or `superseded` ones for a
-   rollback, unless *allow_unready*), or the best candidate `resolve` ranks for this node
+   rollback, unless *allow_unready*; an alias whose target cannot run on this node's
+   TensorRT / TensorRT-LLM / vLLM gives its latest earlier target that can, with a note:
+   `pipeline.deploy.node.fitting_target`), or the best candidate `resolve` ranks for this node
    (`gpu="auto"`: nvidia-smi's GPU and driver and the TRT-LLM, TensorRT, CUDA and vLLM
    versions installed here — the fingerprint whose latest proof ranks first, or the nearest
    one, said as such; `Pulled.evidence` is the proof used). Only what passed a smoke on this
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
+from pipeline.deploy.node import asked, fitting_target, resolved
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
 from pipeline.deploy.warm import WARM_DIR, Warm, node_key, place_warm
@@ -156,80 +159,6 @@ def ref_notes(found: Found, *, allow_unready: bool) -> tuple[str, ...]:
             + "; pulled because of --allow-unready",)
 
 
-def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None,
-                 min_seq_len: int | None = None, min_batch: int | None = None,
-                 prefer: Sequence[str] = (), allow_unproven: bool = False,
-                 ctx: Context | None = None) -> Request:
-    """The resolve request for this node: *gpu* "auto" reads nvidia-smi and this node's
-    fingerprint (`_installed_toolchain`: the proofs are compared with it, and an engine must
-    match its TRT-LLM and TensorRT), else a catalog name (only the SKU is known).
-    *allow_unproven* (`--allow-unproven`) also ranks what has no passing proof on the SKU.
-    With *ctx*, "auto" on a machine without nvidia-smi suggests `--gpu cpu` when *model* has
-    an entry proven on the CPU (`_cpu_hint`)."""
-    from pipeline.errors import NoNvidiaSmiError
-    from pipeline.planning.toolchain import local_gpu
-    from registry.gpus import GpuSpec, lookup_gpu
-    from registry.ops.resolve import Request
-
-    toolchain: dict[str, Any] = {}
-    if isinstance(gpu, GpuSpec):
-        spec = gpu
-    elif gpu == "auto":
-        try:
-            spec, counted = local_gpu()
-        except NoNvidiaSmiError as exc:
-            hint = None if ctx is None else _cpu_hint(ctx, model)
-            if hint is None:
-                raise
-            raise NoNvidiaSmiError(hint) from exc
-        gpu_count = gpu_count or counted
-        toolchain = _installed_toolchain()
-    else:
-        spec = lookup_gpu(gpu, option="--gpu")
-    return Request(model=model, gpu=spec, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                   min_batch=min_batch, prefer=tuple(prefer), toolchain=toolchain,
-                   allow_unproven=allow_unproven)
-
-
-def _cpu_hint(ctx: Context, model: str) -> str | None:
-    """`pass --gpu cpu: …` when the registry has an entry of *model* that resolve would pull
-    on the CPU (ready, proven there), else None; a registry that cannot say is None too."""
-    from registry.errors import RegistryError, UsageError
-    from registry.gpus import lookup_gpu
-    from registry.ops.resolve import Request, resolve
-
-    try:
-        ranked = resolve(ctx, Request(model=model, gpu=lookup_gpu("cpu")))
-    except (RegistryError, UsageError):  # no registry, an unknown model: the plain message
-        return None
-    if not ranked.candidates:
-        return None
-    return (f"{model} has a vLLM entry proven on the CPU ({ranked.candidates[0].digest[:19]}…): "
-            "pass --gpu cpu to serve it here, or --gpu SKU")
-
-
-def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
-          gpu_count: int | None = None, min_seq_len: int | None = None,
-          min_batch: int | None = None, prefer: Sequence[str] = (),
-          allow_unproven: bool = False, ctx: Context | None = None) -> Request | None:
-    """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
-    for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
-    if (ref is None) == (model is None):
-        raise UsageError(f"{verb} takes a REF or --model, not both")
-    return None if model is None else node_request(
-        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer, allow_unproven=allow_unproven, ctx=ctx)
-
-
-def _installed_toolchain() -> dict[str, Any]:
-    """The fingerprint fields resolve compares proofs on, as this node reports them."""
-    from pipeline.planning.toolchain import probe
-    from registry.sql.evidence import FINGERPRINT_FIELDS
-
-    found = probe().toolchain.as_dict()
-    return {name: found[name] for name in FINGERPRINT_FIELDS}
-
-
 def select(ctx: Context, ref: str | None, *, request: Request | None = None,
            allow_unready: bool = False) -> Selection:
     """The artifact *ref* names, or (no *ref*) the best one resolve ranks for *request*,
@@ -241,9 +170,13 @@ def select(ctx: Context, ref: str | None, *, request: Request | None = None,
         found = find(ctx, ref, verb="pull")  # the registry's driver alone: no SQLAlchemy
         if found.status is None:  # the registry does not list it: is it in the store at all?
             manifest = artifact_manifest(lazy_store(ctx), ctx.cache, found)  # else exit 6
-        notes = ref_notes(found, allow_unready=allow_unready)
+        fitted = fitting_target(ctx, ref, found)  # an alias: what runs on this toolchain
+        if fitted is None:
+            notes = ref_notes(found, allow_unready=allow_unready)
+        else:
+            found, notes = fitted[0], (fitted[1],)
     elif request is not None:
-        found, notes, evidence, unproven = _resolved(ctx, request)
+        found, notes, evidence, unproven = resolved(ctx, request)
     else:
         raise UsageError("pull needs a REF or --model")
     if manifest is None:
@@ -271,34 +204,6 @@ def _manifest(ctx: Context, digest: str) -> Manifest:
     store, keeping a copy (`registry.ops.fetch.cached_manifest`): a cache-hit pull needs no
     store request at all."""
     return cached_manifest(lazy_store(ctx), ctx.cache, digest)
-
-
-def _resolved(ctx: Context, request: Request
-              ) -> tuple[Found, tuple[str, ...], dict[str, Any] | None, str | None]:
-    """The best candidate for *request*, the note to print about it, the proof it was ranked
-    by, and how it is unproven here (None when proven on this fingerprint)."""
-    from registry.errors import NothingResolvableError
-    from registry.ops.resolve import resolve
-
-    ranked = resolve(ctx, request)
-    sku = request.gpu.sku
-    if not ranked.candidates:
-        ranked = resolve(ctx, request, explain=True)  # every reason, and where each is proven
-    if not ranked.candidates:
-        elsewhere = any(reason.startswith(f"unproven on {sku}") for _, reason in ranked.rejected)
-        raise NothingResolvableError(
-            request.model, sku, ranked.reasons(),
-            next_step=f"`enginectl resolve --model {request.model} --gpu {sku} --explain` "
-                      "lists the same; build, smoke or tag one for this GPU"
-                      + ("; --allow-unproven takes one proven only elsewhere"
-                         if elsewhere and not request.allow_unproven else ""))
-    best = ranked.candidates[0]
-    note = best.unproven_note(sku)
-    notes = () if note is None else (
-        f"{best.digest} is {note}; `enginectl smoke {best.digest[:19]}` here proves it",)
-    evidence = None if best.used is None else {
-        **best.used.as_dict(), "fingerprint": ranked.as_dict()["fingerprint"]}
-    return Found(best.digest, best.status), notes, evidence, note
 
 
 def merged(selection: Selection) -> Manifest:

@@ -39,12 +39,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
+from pipeline.deploy.node import asked
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     Pulled,
     Selection,
-    asked,
     merged,
     place,
     pulled_for,

@@ -300,6 +300,12 @@ class _Reader:
         return (rows[0][0], rows[0][1]) if rows else (None, None)
 
 
+def reader(url: str) -> AbstractContextManager[_Reader]:
+    """The registry at *url* on the driver alone, for reads kept off SQLAlchemy elsewhere
+    (`registry.sql.alias_targets`): `rows(sql, *values)` with `?` placeholders."""
+    return _reader(url)
+
+
 @contextmanager
 def _reader(url: str) -> Iterator[_Reader]:
     scheme = url.split("://", 1)[0].split("+", 1)[0]

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pipeline.cli import main
-from pipeline.deploy.pull import node_request
+from pipeline.deploy.node import node_request
 from pipeline.executors.pools import CPU_POOL, placement, resource
 from pipeline.planning.plan import plan_recipe
 from pipeline.recipe.reader import load_recipe
