@@ -132,3 +132,48 @@ def test_a_pull_into_a_directory_killed_at_each_step_is_finished_by_the_next(
     gone: the next pull puts the old content back, proves it, and replaces it."""
     _every_step(user, tmp_path, tmp_path / "models", "pull", ["--executable", SERVER])
     assert snapshot(tmp_path / "models")  # the last run left it filled
+
+
+def test_a_pull_killed_with_a_warm_cache_half_replaced_is_finished_by_the_next(
+    user: dict[str, str], tmp_path: Path
+) -> None:
+    """The init container's crash loop: a volume an earlier pull filled with a warm cache in
+    `.warm` (grown by the runtime since; the marker written as such a pull writes it), a pull
+    of another artifact killed after `serve.json` was removed, as it removes `.warm`. The
+    next pull finishes it: the marker names `.warm` as a warm cache the store has."""
+    from registry.config import RegistryConfig
+    from registry.context import Context
+    from registry.ops.publish import publish
+
+    volume = tmp_path / "volume"
+    if not mount_tmpfs(volume):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        a, b = user["ENGINE_A"], user["ENGINE_B"]
+        files = tmp_path / "home" / "warm"
+        (files / "trtllm").mkdir(parents=True)
+        (files / "trtllm" / "autotuner.json").write_text('{"gemm:m=1": {}}')
+        with Context(RegistryConfig.from_env(user)) as ctx:
+            warm = publish(ctx, files, kind="warm-cache", status="ready",
+                           labels={"model": "m", "artifact": a}).digest
+        shutil.rmtree(files)
+        extra = ["--executable", SERVER, "--no-warm"]
+        run(user, "pull", b, "-o", str(volume), *extra)  # both in the cache
+        run(user, "pull", a, "-o", str(volume), *extra)
+        (volume / ".warm" / "trtllm").mkdir(parents=True)
+        (volume / ".warm" / "trtllm" / "autotuner.json").write_text('{"grown": "by the runtime"}')
+        marker = json.loads((volume / MARKER).read_text())
+        marker["entries"].append(".warm")
+        marker["writable"] = {".warm": warm}
+        (volume / MARKER).write_text(json.dumps(marker))
+        before = outside(tmp_path, volume)
+        argv = ["pull", b, "-o", str(volume), *extra]
+        _killed_at(user, argv, ("unlinkat", 1))  # serve.json gone, `.warm` half way out
+        left = sorted(p.name for p in volume.iterdir())
+        assert SERVE_FILE not in left
+        assert ".warm" in left
+        run(user, *argv)
+        _check_placed(volume, b, by="pull")
+        assert outside(tmp_path, volume) == before
+    finally:
+        unmount(volume)
