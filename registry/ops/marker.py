@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -64,6 +64,7 @@ class Marker:
     under: tuple[tuple[str, str], ...] = ()
     writable: Mapping[str, str] = field(default_factory=dict)
     filling: str | None = None
+    legacy: bool = False  # written before markers recorded their sources
 
 
 def bare_name(name: object) -> bool:
@@ -115,7 +116,8 @@ def parse_marker(directory: Path, data: Any) -> Marker:
     return Marker(by=by, digest=digest, entries=frozenset(entries), sources=tuple(sources),
                   under=tuple((str(name), str(value)) for name, value in under),
                   writable={str(k): str(v) for k, v in writable.items()},
-                  filling=filling if isinstance(filling, str) else None)
+                  filling=filling if isinstance(filling, str) else None,
+                  legacy="sources" not in data)
 
 
 def read_json(path: Path, limit: int = 1 << 20) -> Any:
@@ -130,14 +132,25 @@ def read_json(path: Path, limit: int = 1 << 20) -> Any:
 
 def read_marker(directory: Path) -> Marker | None:
     """The marker of *directory*, None when it has none; MarkerError when it has one that
-    enginectl could not have written (`parse_marker`)."""
+    enginectl could not have written (`parse_marker`). One written before markers recorded
+    their sources takes them from the pull's `serve.json` (its `sources`, each also as the
+    tokenizer directory's, and its `warm_cache`): claims like the marker's own, proven the
+    same way."""
     path = directory / MARKER
     if not path.exists() and not path.is_symlink():
         return None
     data = read_json(path)
     if data is None:
         raise MarkerError(directory, "is not a file of JSON")
-    return parse_marker(directory, data)
+    marker = parse_marker(directory, data)
+    serve = read_json(directory / SERVE_FILE) if marker.legacy else None
+    if not isinstance(serve, dict) or serve.get("schema") != SERVE_SCHEMA:
+        return marker
+    sources = [d for d in serve.get("sources") or [] if _digest(d) is not None]
+    warm = _digest(serve.get("warm_cache"))
+    return replace(marker, sources=(*marker.sources, *sources),
+                   under=tuple(("tokenizer", d) for d in sources),
+                   writable={".warm": warm} if warm is not None else {})
 
 
 def is_serve_file(path: Path) -> bool:

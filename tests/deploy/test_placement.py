@@ -208,3 +208,26 @@ def test_a_full_disk_is_exit_4_naming_the_path(user: dict[str, str], tmp_path: P
                 if not k.startswith("small/")} == before
     finally:
         unmount(small)
+
+
+def test_a_directory_pulled_before_markers_recorded_their_sources_is_replaced(
+    user: dict[str, str], tmp_path: Path, target: Path
+) -> None:
+    """A node upgraded under its volume: the marker an older pull wrote names the entries and
+    the artifact only; its serve.json's `sources` (the entry's checkpoint) are proven as the
+    marker's would be, so the next pull replaces it instead of refusing in a crash loop."""
+    from tests.deploy import artifacts
+
+    with Context(RegistryConfig.from_env(user)) as ctx:
+        entry = artifacts.vllm_entry(ctx, tmp_path / "entry",
+                                     artifacts.checkpoint(ctx, tmp_path / "ckpt"))
+    run(user, "pull", entry, "-o", str(target), "--executable", SERVER)
+    old = json.loads((target / MARKER).read_text())
+    assert "model.safetensors" in old["entries"]  # the checkpoint's, at the top
+    (target / MARKER).write_text(json.dumps({k: old[k] for k in ("schema", "by", "digest",
+                                                                   "entries")}))
+    before = outside(tmp_path, target)
+    run(user, "pull", user["ENGINE_A"], "-o", str(target), "--executable", SERVER)
+    assert json.loads((target / SERVE_FILE).read_text())["digest"] == user["ENGINE_A"]
+    assert not (target / "model.safetensors").exists()
+    assert outside(tmp_path, target) == before
