@@ -64,7 +64,13 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
       enginectl plan recipes/llama70b-h100.yaml --pool host:gpu-builder-2
       enginectl plan recipes/llama70b-h100.yaml --toolchain driver=575.57.08
     """
-    from pipeline.executors.preview import group_plan_lines, parse_overrides, preview
+    from pipeline.executors.preview import (
+        group_plan_lines,
+        parse_overrides,
+        preview,
+        store_bytes,
+        store_bytes_line,
+    )
     from pipeline.planning.source import read_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig
@@ -94,6 +100,7 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
         data = the_plan.as_dict(built=lambda key: key in shown.built)
         data["recipe"]["toolchain_source"] = shown.toolchain_source
         data["recipe"]["toolchain_sources"] = shown.sources
+        data["store_bytes"] = store_bytes(the_plan)
         if changes is not None:
             data["changed_keys"] = [change.as_dict() for change in changes]
         echo_json(data)
@@ -105,8 +112,10 @@ def plan(recipe: Path, as_json: bool, commands: bool, executor: str,
     else:
         from pipeline.listings import plan_lines
 
+        stored = store_bytes(the_plan)
         click.echo("\n".join(plan_lines(the_plan, built=frozenset(shown.built),
                                            toolchain_source=shown.toolchain_source)
+                              + ([store_bytes_line(stored)] if stored["engines"] else [])
                               + group_plan_lines(shown)))
     if changes is not None and not as_json and not commands:
         from pipeline.planning.keys import short_key

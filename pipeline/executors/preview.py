@@ -42,6 +42,7 @@ from pipeline.planning.toolchain import (
 from pipeline.recipe.reader import LoadedRecipe
 from pipeline.recipe.schema import ToolchainPins
 from pipeline.settings import Settings
+from pipeline.stages.refit import PLAN_FRACTION
 from registry.errors import RegistryError, UsageError
 from registry.sql.lookup import Probed, built_keys, recorded_pools, shown
 
@@ -264,3 +265,44 @@ def group_plan_lines(result: Preview) -> list[str]:
                                    if run.stage in ("build", "smoke") and run.gpu != CPU_POOL)
             lines.append(f"  group {number}: {group['line']}: {shown_keys or 'nothing'}")
     return lines
+
+
+def store_bytes(plan: Plan) -> dict[str, Any]:
+    """What the recipe's engine matrix keeps in the store, whole and weight-stripped
+    (estimated, for `plan`): each engine about its weights (the memory fit's per rank, times
+    its ranks), each checkpoint it is built from the same, once however many engines share
+    it (stored either way: a stripped engine's refit source), and a stripped plan
+    `PLAN_FRACTION` of its whole engine (NVIDIA's published sample)."""
+    engines = checkpoints = 0
+    sources: set[str] = set()
+    fits = {t.target.id: t.fit.weights_bytes * t.target.tp * t.target.pp for t in plan.targets}
+    for run in plan.stages.values():
+        if run.kind != "trtllm-engine":
+            continue
+        weights = fits[run.targets[0]]
+        engines += weights
+        if run.inputs[0] not in sources:
+            sources.add(run.inputs[0])
+            checkpoints += weights
+    plans = round(engines * PLAN_FRACTION)
+    return {"model": plan.loaded.recipe.model.name,
+            "strip_plan": plan.loaded.recipe.build.strip_plan, "engines": len(
+                [r for r in plan.stages.values() if r.kind == "trtllm-engine"]),
+            "checkpoint_bytes": checkpoints, "whole_bytes": checkpoints + engines,
+            "stripped_bytes": checkpoints + plans, "plan_bytes": plans}
+
+
+def store_bytes_line(found: Mapping[str, Any]) -> str:
+    """`plan`'s line for `store_bytes`."""
+    whole, stripped = found["whole_bytes"], found["stripped_bytes"]
+    engines = whole - found["checkpoint_bytes"]
+    chosen = "strip_plan: true" if found["strip_plan"] else "strip_plan: false, the default"
+    return (f"store, {found['model']} ({found['engines']} engines; {chosen}): engines "
+            f"{_gib(engines)} whole, {_gib(found['plan_bytes'])} weight-stripped; with their "
+            f"checkpoints (stored either way) {_gib(whole)} → {_gib(stripped)} "
+            f"(÷{whole / max(stripped, 1):.1f}); estimated from the weights, a stripped plan "
+            f"~{PLAN_FRACTION:.2%} of its engine")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

@@ -31,6 +31,7 @@ from pipeline.host.runner import log_tail, run_process
 from pipeline.planning.plan import Plan, PlannedTarget, StageRun
 from pipeline.settings import Settings
 from pipeline.stages.build import plugin_mismatches
+from pipeline.stages.refit import SOURCE_LABEL, STRIP_LABEL, is_stripped
 from pipeline.stages.snapshot import snapshot
 from pipeline.stages.timing_cache import for_build
 from registry.store.base import Store
@@ -82,6 +83,8 @@ def _labels(job: StageJob) -> dict[str, Any]:
         }
         if run.kind == "trtllm-engine":
             labels |= {"gpu": target.gpu.sku, "sm": target.gpu.sm}
+        if run.kind == "trtllm-engine" and is_stripped(params["flags"]):  # its refit source
+            labels |= {STRIP_LABEL: True, SOURCE_LABEL: job.input_digests[0]}
     return labels
 
 

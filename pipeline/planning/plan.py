@@ -27,6 +27,7 @@ from pipeline.settings import Settings
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from pipeline.stages.quantize import Export, needs_quantize, quantize_argv
+from pipeline.stages.refit import REFIT_DIR, refit_argv
 from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
 from registry.identity.canonical import floats_as_strings
 from registry.tokenizer import TOKENIZER_DIR
@@ -65,6 +66,7 @@ class StageRun:
     gpu: str | None = None  # the GPU SKU this run must execute on, if any ("CPU": the CPU)
     gpus: int = 0  # how many of that SKU's GPUs it needs on one node
     targets: list[str] = field(default_factory=list)
+    before: list[list[str]] = field(default_factory=list)  # shown: programs it runs first
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +81,7 @@ class StageRun:
             "workdir": str(self.workdir),
             "argv": self.argv,
             "targets": self.targets,
+            **({"before": self.before} if self.before else {}),
         }
 
 
@@ -150,7 +153,8 @@ class Plan:
         }
 
     def commands(self) -> list[list[str]]:
-        return [run.argv for run in self.stages.values() if run.argv is not None]
+        return [argv for run in self.stages.values()
+                for argv in [*run.before, *([run.argv] if run.argv is not None else [])]]
 
 
 class _Planner:
@@ -338,13 +342,15 @@ class _Planner:
             # only when asked: a recipe without a curve keeps the keys it had
             **({"capacity": smoke.capacity.model_dump()} if smoke.capacity else {}),
         }
-        keys.append(
-            self.add(
-                target, "smoke", kind=KIND_SMOKE, params=smoke_params, inputs=[entry],
-                toolchain=on_gpu, toolchain_stage=f"smoke:{target.runtime}",
-                argv=smoke_argv, gpu=target.gpu.sku, gpus=0 if target.gpu.is_cpu else ranks,
-            )
-        )
+        keys.append(self.add(
+            target, "smoke", kind=KIND_SMOKE, params=smoke_params, inputs=[entry],
+            toolchain=on_gpu, toolchain_stage=f"smoke:{target.runtime}",
+            argv=smoke_argv, gpu=target.gpu.sku, gpus=0 if target.gpu.is_cpu else ranks))
+        if target.runtime == "trtllm" and recipe.build.strip_plan:  # refitted, then served
+            smoke_run, built = self.stages[keys[-1]], self.stages[entry]
+            smoke_run.before = [refit_argv(
+                engine_dir=self.dir_of(entry), checkpoint_dir=self.dir_of(built.inputs[0]),
+                output_dir=smoke_run.workdir / REFIT_DIR)]
         return keys
 
     def _entry(self, target: Target, checkpoint: str, serve_args: dict[str, Any]) -> str:

@@ -64,6 +64,11 @@ class BuildSettings(StrictModel):
     reduce_fusion: OnOff = "disable"
     remove_input_padding: OnOff = "enable"
     max_beam_width: int = Field(default=1, gt=0)
+    strip_plan: bool = False
+    """Build weight-stripped engines (`trtllm-build --strip_plan`), refitted from their
+    checkpoint where they serve (smoke, pull). Off by default: a node then needs
+    `trtllm-refit` and a GPU-side refit before it serves, and the first build of each
+    (model, quant, TRT-LLM) in a pool is built whole once more to prove the refit."""
     workers: int = Field(default=1, gt=0)
     timeout_s: int = Field(default=4 * 3600, gt=0)
 

@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.recipe.fields import KvCacheDtype, Quant
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings
+from pipeline.stages.refit import STRIP_FLAG
 
 # The quantizations whose checkpoints TRT-LLM gives FP8 context FMHA: QuantAlgo.FP8, W4A8_AWQ
 # and NVFP4 (builder.py build() and optimize_model_with_config()).
@@ -123,6 +124,8 @@ def build_flags(
     flags["--use_fp8_context_fmha"] = _on_off(built["use_fp8_context_fmha"])
     flags["--multiple_profiles"] = settings.multiple_profiles
     flags["--reduce_fusion"] = _on_off(built["reduce_fusion"])
+    if settings.strip_plan:  # only when asked: the keys of whole engines stay as they were
+        flags[STRIP_FLAG] = "enable"
     return flags
 
 
@@ -144,6 +147,9 @@ def plugin_mismatches(flags: Mapping[str, str], build_config: Mapping[str, Any])
     if flags.get("--kv_cache_type") == "paged" and build_config.get("kv_cache_type") != "PAGED":
         wrong.append(f"kv_cache_type is {build_config.get('kv_cache_type')!r}, the plan asked "
                      "for 'PAGED'")
+    if (flags.get(STRIP_FLAG) == "enable") != bool(build_config.get("use_strip_plan")):
+        wrong.append(f"use_strip_plan is {build_config.get('use_strip_plan')!r}, the plan "
+                     f"asked for {flags.get(STRIP_FLAG) == 'enable'}")
     beam = flags.get("--max_beam_width")
     if beam is not None and build_config.get("max_beam_width") != int(beam):
         wrong.append(f"max_beam_width is {build_config.get('max_beam_width')!r}, the plan "
@@ -157,6 +163,6 @@ def build_argv(
     argv = ["trtllm-build", "--checkpoint_dir", str(checkpoint_dir)]
     argv += ["--output_dir", str(output_dir)]
     for flag, value in flags.items():
-        argv += [flag, value]
+        argv += [flag] if flag == STRIP_FLAG else [flag, value]  # store_true: no value
     argv += ["--workers", str(workers)]
     return argv

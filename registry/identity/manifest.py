@@ -4,9 +4,10 @@ A manifest is canonical JSON of:
 
     schema      "enginectl.manifest/v1"
     kind        trtllm-engine | trtllm-checkpoint | vllm | hf-checkpoint |
-                quantized-checkpoint | converted-checkpoint | warm-cache
+                quantized-checkpoint | converted-checkpoint | warm-cache | refit-equivalence
     key         the stage key that asked for it (null for imports)
-    labels      model, runtime, gpu, sm, quant, kv_cache_dtype, tp, pp, and the shape
+    labels      model, runtime, gpu, sm, quant, kv_cache_dtype, tp, pp, and the shape; a
+                weight-stripped engine's strip_plan and refit_source (its checkpoint's digest)
     toolchain   the fingerprint it is tied to
     inputs      digests of the artifacts it was made from (provenance)
     files       [{path, size, xxh3, sha256}], sorted by path
@@ -39,11 +40,14 @@ KINDS: Final = (  # the artifact kinds; the registry's `kind` column holds one o
     "quantized-checkpoint",
     "converted-checkpoint",
     "warm-cache",  # the compile and tuning caches a runtime wrote serving another artifact
+    "refit-equivalence",  # proof that refitted stripped engines serve as whole ones do
 )
 LABELS: Final = (
     "model", "runtime", "gpu", "sm", "quant", "kv_cache_dtype", "tp", "pp",
     "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
     "artifact",  # a warm cache's: the digest of the artifact whose server wrote it
+    "strip_plan",  # a weight-stripped engine's: true
+    "refit_source",  # and the digest of the checkpoint it is refitted from (gc keeps it)
 )
 _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 NAME_MAX: Final = 255

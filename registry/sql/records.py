@@ -46,7 +46,7 @@ from registry.sql.rows import insert_for
 
 ArtifactKind = Literal[
     "trtllm-engine", "trtllm-checkpoint", "vllm", "hf-checkpoint", "quantized-checkpoint",
-    "converted-checkpoint", "warm-cache",
+    "converted-checkpoint", "warm-cache", "refit-equivalence",
 ]
 ArtifactStatus = Literal["building", "built", "ready", "quarantined", "superseded", "deleted"]
 

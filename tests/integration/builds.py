@@ -28,9 +28,18 @@ def make_model(root: Path) -> Path:
               "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 1000,
               "max_position_embeddings": 4096, "rope_theta": 10000.0}
     (root / "config.json").write_text(json.dumps(config))
-    (root / "model.safetensors").write_bytes(os.urandom(4096))
+    write_weights(root / "model.safetensors")  # what convert's stand-in splits into ranks
     write_tokenizer(root)  # one transformers loads: trtllm-serve renders chat with it
     return root
+
+
+def write_weights(path: Path, size: int = 4096) -> None:
+    """A safetensors file of four random tensors, *size* bytes of weights in all."""
+    from tests.fakes.weights import write_safetensors
+
+    names = ("lm_head.weight", "model.embed_tokens.weight",
+             "model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight")
+    write_safetensors(path, {name: ("U8", [size // 4], os.urandom(size // 4)) for name in names})
 
 
 def write_recipe(directory: Path, **matrix: object) -> Path:

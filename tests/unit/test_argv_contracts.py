@@ -39,10 +39,12 @@ def flags_of(tool: str) -> dict[str, Any]:
     return flags
 
 
-def tool_of(argv: list[str]) -> tuple[str, list[str]]:
+def tool_of(argv: list[str]) -> tuple[str, list[str]]:  # noqa: PLR0911 - one per program
     """Which CLI an argv is for, and its arguments after the program (and script)."""
     if argv[0] == "trtllm-build":
         return "trtllm-build", argv[1:]
+    if argv[0] == "trtllm-refit":
+        return "trtllm-refit", argv[1:]
     if argv[0] == "trtllm-serve":
         return "trtllm-serve", argv[2:]  # MODEL is the positional
     if tuple(argv[1:4]) == VLLM_SERVE:  # `vllm serve MODEL`: MODEL is the positional

@@ -5,7 +5,11 @@ Accepts exactly the real script's flags, arity and value types (tests/data/cli/
 trtllm-llama-convert.json: `--tp_size two` exits 2 as argparse's type=int does), reads the HF
 config.json, and writes a TRT-LLM checkpoint's shape: config.json with the fields trtllm-build
 reads from it (architecture, dtype, max_position_embeddings, rotary_base, rotary_scaling,
-quantization, mapping) and one rank{N}.safetensors per tp x pp rank. It converts no weights.
+quantization, mapping) and one rank{N}.safetensors per tp x pp rank holding that rank's share
+of the HF weights: each tensor of the model's *.safetensors split into tp x pp parts of its
+bytes, under its HF name (a real checkpoint is about the size of its weights; the stand-in
+does not rename or reshape them). A model whose weights are not safetensors gives ranks
+without tensors.
 
 Test knob: FAKE_CONVERT_SKIP_RANK=N exits 0 without writing rank{N}.safetensors.
 FAKE_GPU_ENV_LOG=path appends a JSON line with the CUDA_VISIBLE_DEVICES it was started with
@@ -19,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 from cli_contract import parse
+from weights import read_safetensors, write_safetensors
 
 args = parse("trtllm-llama-convert", "convert_checkpoint.py")
 if os.environ.get("FAKE_GPU_ENV_LOG"):
@@ -54,8 +59,17 @@ config = {
 }
 (out / "config.json").write_text(json.dumps(config, indent=2))
 skip = os.environ.get("FAKE_CONVERT_SKIP_RANK")
-for rank in range(tp * pp):
+hf_weights = {}
+for path in sorted(Path(args["model_dir"]).glob("*.safetensors")):
+    hf_weights.update(read_safetensors(path))
+world = tp * pp
+for rank in range(world):
     if skip is not None and rank == int(skip):
         continue
-    (out / f"rank{rank}.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    share = {}
+    for name, (_entry, data) in hf_weights.items():
+        step = -(-len(data) // world)
+        part = data[rank * step:(rank + 1) * step]
+        share[name] = ("U8", [len(part)], part)
+    write_safetensors(out / f"rank{rank}.safetensors", share)
 print(f"Total time of converting checkpoints: 00:00:00 ({tp * pp} ranks)")
