@@ -135,6 +135,10 @@ def show_lines(info: dict[str, Any]) -> list[str]:
     for warm in info.get("warm_caches") or ():
         lines.append(f"  warm      {warm['digest']} ({_size(warm['size'])}) captured on "
                      f"{warm.get('gpu') or '-'}" + _versions(warm.get("toolchain")))
+    if refit := info.get("refit_equivalence"):
+        lines.append(f"  refit     weight-stripped: refitted from {refit['refit_source']}")
+        lines.append("  refit-equivalence " + (
+            f"{refit['evidence']} holds" if refit["holds"] else str(refit["held_back"])))
     run = info.get("stage_run")
     if run:
         node = f" (Ray node {run['node_id']})" if run.get("node_id") else ""

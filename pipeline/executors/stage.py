@@ -39,6 +39,7 @@ from typing import Final, Literal
 from pipeline.errors import StageError
 from pipeline.executors.leaseguard import LeaseGuard
 from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
+from pipeline.executors.refit_smoke import StrippedSmoke, stripped_smoke
 from pipeline.executors.work import StageJob, produce_output
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.planning.capacity import on_this_node, run_need, shortfall
@@ -158,7 +159,11 @@ class StageWorker:
         if (refused := self._too_few_gpus(run, entry)) is not None:
             return refused
         served = self._served_digests(run, digests)
-        argv = run.make_argv(lambda key: self._input_dir(key, served), run.workdir / "out")
+        stripped = stripped_smoke(self.plan, run, lambda key: self._input_dir(key, served))
+        if stripped is not None and (reason := stripped.unavailable()) is not None:
+            return self._awaits_smoke(run, entry, record, reason)
+        argv = run.make_argv(stripped.dirs if stripped else lambda key: self._input_dir(
+            key, served), run.workdir / "out")  # a stripped engine: the refitted one
         if argv is None:
             raise StageError(run.stage, run.key, "no server argv")
         verdict = self._smoke_lease(run, entry)  # records who smoked it, and when
@@ -166,7 +171,8 @@ class StageWorker:
             return verdict
         guard = self._guard(run)
         try:
-            return self._judge(run, entry, record, argv, started, guard=guard)
+            return self._judge(run, entry, record, argv, started, guard=guard,
+                               stripped=stripped)
         except BaseException as exc:
             guard.end()
             if guard.lost is not None and not self.cancel.is_set():
@@ -176,18 +182,22 @@ class StageWorker:
             guard.end()
 
     def _judge(self, run: StageRun, entry: str, record: records.ArtifactRecord | None,
-               argv: list[str], started: float, *, guard: LeaseGuard) -> Outcome:
+               argv: list[str], started: float, *, guard: LeaseGuard,
+               stripped: StrippedSmoke | None = None) -> Outcome:
         """Serve *entry* with *argv* under the smoke run's lease, and record the verdict
-        (none when the lease was lost meanwhile: the server was stopped under it)."""
-        from pipeline.serving.verdict import SmokeJob, conclude, judge
+        (none when the lease was lost meanwhile: the server was stopped under it). A
+        *stripped* engine is refitted first, and held `built` without refit equivalence."""
+        from pipeline.serving.verdict import Judged, SmokeJob, conclude, judge
 
         target = self.plan.target(run.targets[0])
         recipe = self.plan.loaded.recipe
-        judged = judge(self.ctx, self.settings, SmokeJob(
+        job = SmokeJob(
             entry, argv, run.workdir, recipe.model.name, recipe.smoke, target.quant,
             target.shape.max_input_len, recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
-            self._log(run), target.gpu.is_cpu, run.workdir / "serve"),
-            cancelled=self.cancel.is_set)
+            self._log(run), target.gpu.is_cpu, run.workdir / "serve")
+        refused = stripped.refit(self._log(run)) if stripped is not None else None
+        judged = (Judged(entry, refused, None, None, log_path=self._log(run)) if refused
+                  else judge(self.ctx, self.settings, job, cancelled=self.cancel.is_set))
         report = judged.report
         guard.check()
         if self.cancel.is_set():  # the server was stopped under it: no evidence either way
@@ -197,8 +207,10 @@ class StageWorker:
         if judged.fault is not None:  # the server died for want of its runtime, not the artifact
             self._release(run, "failed", None, error=judged.fault)
             return self._awaits_smoke(run, entry, record, judged.fault)
+        held = None if stripped is None or not report.passed else stripped.equivalence(
+            self.ctx, entry, report, job=job, force=self.force, slot=self.gpu_slot(run.gpu))
         conclude(self.ctx, judged, gpu=target.gpu.sku, toolchain=dict(run.toolchain),
-                 key=run.key)
+                 key=run.key, held=held)
         self._release(run, "succeeded" if report.passed else "failed", entry,
                       error=report.failure)
         seconds = time.monotonic() - started

@@ -35,6 +35,7 @@ from registry.errors import RecordNotFoundError
 from registry.gpus import lookup_gpu
 from registry.ops.resolve import KIND_ORDER
 from registry.sql import leases, records, smoke_records
+from registry.sql.refit_evidence import equivalence_for
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -72,6 +73,7 @@ class Row:
     warm_ready_s: float | None = None  # the latest passing smoke that started from a warm cache
     warm_use: str | None = None  # what its runtime did with the cache ("used", "placed, not …")
     curve: tuple[tuple[float, float | None], ...] = ()  # (rate, TTFT p95 s) of its curve
+    refit_equivalence: str | None = None  # a weight-stripped engine's evidence (its digest)
 
     @property
     def label(self) -> str:
@@ -89,6 +91,7 @@ class Row:
             "created_at": _iso(self.created_at), "build_s": self.build_s,
             "smoked_at": _iso(self.smoked_at), "ready_s": self.ready_s,
             "warm_ready_s": self.warm_ready_s, "warm_use": self.warm_use,
+            "refit_equivalence": self.refit_equivalence,
             "best_output_tokens_per_s": self.best_output_tokens_per_s,
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "price_per_hour": self.price_per_hour, "smoked_on": self.smoked_on,
@@ -140,6 +143,10 @@ def compare(ctx: Context, model: str, gpu: str | None = None) -> Comparison:
             cold = [s for s in passing if not s.report.get("warm_cache")]
             warm = [s for s in passing if s.report.get("warm_cache")]
             row = _row(record, cold[-1] if cold else (passing[-1] if passing else None), build_s)
+            if record.labels.get("strip_plan") is True:  # ready: its tuple's evidence holds
+                proof = equivalence_for(session, model=record.model, quant=record.quant,
+                                        gpu=record.gpu, trtllm=record.toolchain.get("trtllm"))
+                row = replace(row, refit_equivalence=proof.digest if proof else None)
             rows.append(replace(row, warm_ready_s=_float(warm[-1].report.get("ready_s")),
                                 warm_use=_text(warm[-1].report.get("warm_use")))
                         if warm else row)
@@ -277,6 +284,10 @@ def render_table(comparison: Comparison) -> str:
                            for lv in found),
                          *(ttft(lv) for lv in found)])
         parts += ["", _columns(load)]
+    stripped = [f"{row.digest[7:19]}: weight-stripped, refitted where it serves; "
+                f"refit-equivalence {row.refit_equivalence[:19]} (identical greedy outputs, "
+                "speed no worse than whole)" for row in comparison.rows if row.refit_equivalence]
+    parts += ["", *stripped] if stripped else []
     if any(row.smoked_at is None for row in comparison.rows):
         parts += ["", "-: no passing smoke report (run `enginectl smoke DIGEST`)"]
     return "\n".join(parts)

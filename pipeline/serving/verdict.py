@@ -139,14 +139,16 @@ def _read_from(path: Path, offset: int) -> str:
 
 
 def conclude(ctx: Context, judged: Judged, *, gpu: str, toolchain: dict[str, Any],
-             key: str | None = None) -> str | None:
-    """Record *judged* (not a machine's fault) as its artifact's smoke evidence and status,
-    refuse the warm cache its server failed with, and after a pass capture this start's
-    caches; the captured cache's digest, or None."""
+             key: str | None = None, held: str | None = None) -> str | None:
+    """Record *judged* (not a machine's fault) as its artifact's smoke evidence and status
+    (a pass *held* back stays `built`: `record_verdict`), refuse the warm cache its server
+    failed with, and after a pass capture this start's caches; the captured cache's digest,
+    or None."""
     from registry.sql import history
 
     report, log = judged.report, judged.log_path or judged.report.log_path
-    record_verdict(ctx, judged.digest, report, log=log, gpu=gpu, toolchain=toolchain, key=key)
+    record_verdict(ctx, judged.digest, report, log=log, gpu=gpu, toolchain=toolchain, key=key,
+                   held=held)
     if judged.refused is not None:
         with ctx.registry.session() as session:
             history.set_status(ctx.store, session, judged.refused, "quarantined",
@@ -175,16 +177,20 @@ def machine_fault(report: SmokeReport) -> str | None:
 
 
 def record_verdict(ctx: Context, digest: str, report: SmokeReport, *, log: Path,
-                   gpu: str, toolchain: dict[str, Any], key: str | None = None) -> None:
+                   gpu: str, toolchain: dict[str, Any], key: str | None = None,
+                   held: str | None = None) -> None:
     """Record *report* as *digest*'s smoke evidence (measured on *gpu* with *toolchain*, with
     its *log*), and move *digest* to `ready` on a pass, `quarantined` on a failure
-    (`registry.sql.history.record_smoke`)."""
+    (`registry.sql.history.record_smoke`); a pass *held* back (why: a weight-stripped engine
+    without refit-equivalence evidence that holds) leaves it `built` with that reason."""
     from registry.sql import history
+    from registry.sql.records import ArtifactStatus
 
+    passed: ArtifactStatus = "ready" if held is None else "built"
     history.record_smoke(
         ctx, digest, report.passed, report.as_dict(),
-        status="ready" if report.passed else "quarantined",
-        reason=None if report.passed else f"smoke failed: {report.failure}",
+        status=passed if report.passed else "quarantined",
+        reason=held if report.passed else f"smoke failed: {report.failure}",
         log=log, gpu=gpu, toolchain=toolchain, key=key)
 
 

@@ -6,12 +6,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import NoRegistryError, RecordNotFoundError
-from registry.sql import alias_records, leases, records, smoke_records
+from registry.sql import alias_records, leases, records, refit_evidence, smoke_records
 from registry.sql.aliases import pinned_by_rollback
 from registry.sql.evidence import Evidence, evidence_for
 from registry.sql.refs import resolve_ref
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from registry.context import Context
 
 
@@ -96,6 +98,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
                 if r.labels.get("artifact") == digest and r.status != "deleted"]
         run = leases.get_stage_run(session, record.key) if record.key else None
         provenance = _provenance(ctx, session, manifest.inputs, seen={digest})
+        refit = _refit(session, record)
     return {
         "artifact": artifact_dict(record, aliases),
         "manifest": manifest.as_dict(),
@@ -105,6 +108,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
         "evidence": evidence,
         "provenance": provenance,
         "warm_caches": warm,
+        "refit_equivalence": refit,
         "stage_run": None if run is None else {
             "status": run.status, "host": run.host, "node_id": run.node_id, "pid": run.pid,
             "started_at": run.started_at.isoformat(),
@@ -112,6 +116,20 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
             "log": run.log_location, "recipe_digest": record.recipe_digest,
         },
     }
+
+
+def _refit(session: Session, record: records.ArtifactRecord) -> dict[str, Any] | None:
+    """A weight-stripped engine's refit source and the refit-equivalence evidence of its
+    (model, quant, TRT-LLM) on its GPU (`registry.sql.refit_evidence`); None for others."""
+    if record.labels.get("strip_plan") is not True:
+        return None
+    tuple_of = {"model": record.model, "quant": record.quant, "gpu": record.gpu,
+                "trtllm": record.toolchain.get("trtllm")}
+    found = refit_evidence.equivalence_for(session, **tuple_of)
+    return {"refit_source": record.labels.get("refit_source"),
+            "evidence": None if found is None else found.digest,
+            "holds": found is not None and found.status == "ready",
+            "held_back": refit_evidence.held_back(found, **tuple_of)}
 
 
 def _provenance(

@@ -1,0 +1,102 @@
+"""Weight-stripped engines through `enginectl build` on TensorRT-LLM's stand-ins: the smoke
+serves the engine refitted from its checkpoint, the first stripped engine of a (model, quant,
+TRT-LLM) on a GPU is also built whole and compared (`refit-equivalence` evidence), and an
+engine without evidence that holds stays `built`; a refit that fails quarantines it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from registry.sql.db import open_registry
+from registry.sql.records import ArtifactRecord, list_artifacts
+from tests.helpers import builder_env, fake_gpu
+from tests.helpers import enginectl as cli
+from tests.integration.builds import make_model
+
+SHAPES = [{"name": "small", "max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
+          {"name": "wide", "max_batch_size": 16, "max_input_len": 256, "max_seq_len": 512}]
+STEADY = {"FAKE_OPENAI_TOKEN_DELAY_S": "0.01"}  # speed set by the stand-in, not the machine
+SQLITE = pytest.mark.parametrize("registry_url", ["sqlite"], indirect=True)
+
+
+@pytest.fixture
+def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
+    return {**builder_env(tmp_path, registry_url), **fake_gpu(tmp_path / "gpu"), **STEADY}
+
+
+def stripped_recipe(directory: Path, shapes: list[dict[str, Any]]) -> Path:
+    make_model(directory / "model")
+    recipe = {
+        "model": {"name": "toy", "source": "./model"},
+        "matrix": {"gpu": ["h100"], "quant": ["bf16"], "shape": shapes},
+        "build": {"strip_plan": True},
+        "serve": {"trtllm": {}},
+        "smoke": {"prompts": ["The capital of France is", "One two three"], "max_tokens": 4,
+                  "concurrency": [1], "requests": 4, "ready_timeout_s": 120,
+                  "request_timeout_s": 60},
+        "nightly": {"gate_rounds": 1},
+    }
+    path = directory / "toy.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def artifacts(url: str, kind: str) -> list[ArtifactRecord]:
+    with open_registry(url) as registry, registry.session(readonly=True) as session:
+        return list_artifacts(session, kind=kind)
+
+
+def test_stripped_engines_smoke_refitted_and_the_first_is_compared_whole(
+        tmp_path: Path, env: dict[str, str], registry_url: str) -> None:
+    recipe = stripped_recipe(tmp_path / "r", SHAPES)
+    cli(env, "build", recipe)
+    engines = artifacts(registry_url, "trtllm-engine")
+    (checkpoint,) = artifacts(registry_url, "converted-checkpoint")
+    assert [e.status for e in engines] == ["ready", "ready"]
+    for engine in engines:
+        assert engine.labels["strip_plan"] is True
+        assert engine.labels["refit_source"] == checkpoint.digest
+        ranks = [f for f in engine.files if f.path.endswith(".engine")]
+        weights = sum(f.size for f in checkpoint.files if f.path.endswith(".safetensors"))
+        assert sum(f.size for f in ranks) < weights  # the plan carries none of them
+    (evidence,) = artifacts(registry_url, "refit-equivalence")  # once for the tuple
+    assert evidence.status == "ready"
+    assert evidence.labels == {"model": "toy", "quant": "bf16", "gpu": "H100-SXM5-80GB"}
+    assert evidence.toolchain["trtllm"] == "1.2.1"
+    shown = cli(env, "show", engines[0].digest).stdout
+    assert "refit-equivalence" in shown
+    assert evidence.digest[:19] in shown
+    compared = cli(env, "compare", "--model", "toy").stdout
+    assert f"refit-equivalence {evidence.digest[:19]}" in compared
+
+
+@SQLITE
+def test_a_refit_that_serves_otherwise_holds_the_engine_built(
+        tmp_path: Path, env: dict[str, str], registry_url: str) -> None:
+    recipe = stripped_recipe(tmp_path / "r", SHAPES[:1])
+    cli({**env, "FAKE_TRTLLM_REFIT_ZEROS": "1"}, "build", recipe)
+    (engine,) = artifacts(registry_url, "trtllm-engine")
+    (evidence,) = artifacts(registry_url, "refit-equivalence")
+    assert evidence.status == "quarantined"
+    assert "greedy output differs" in (evidence.status_reason or "")
+    assert engine.status == "built"
+    assert "refit-equivalence of toy bf16 with TensorRT-LLM 1.2.1" in (engine.status_reason or "")
+    said = cli(env, "pull", engine.digest, "-o", tmp_path / "dir", code=4).stderr
+    assert "built" in said
+
+
+@SQLITE
+def test_a_refit_that_fails_quarantines_the_engine(
+        tmp_path: Path, env: dict[str, str], registry_url: str) -> None:
+    recipe = stripped_recipe(tmp_path / "r", SHAPES[:1])
+    done = cli({**env, "FAKE_TRTLLM_REFIT_FAIL": "RuntimeError: Failed to refit engine."},
+               "build", recipe, code=5)
+    assert "Failed to refit engine" in done.stderr
+    (engine,) = artifacts(registry_url, "trtllm-engine")
+    assert engine.status == "quarantined"
+    assert "trtllm-refit exited 1" in (engine.status_reason or "")
+    assert not artifacts(registry_url, "refit-equivalence")
