@@ -200,10 +200,14 @@ def _time(value: dict[str, Any], name: str) -> datetime:
 
 
 def iter_names(store: Store) -> Iterator[str]:
-    """Every object under `records/` and `aliases/` (callers parse each one strictly)."""
+    """Every object under `records/` and `aliases/` (callers parse each one strictly) but
+    the temp files of writes that were killed before their rename (the file store's
+    `.<name>.<hex>.tmp`, which no record name is): `gc` removes those."""
     for prefix in (RECORDS, ALIASES):
         for info in store.list_objects(prefix):
-            yield info.key
+            name = info.key.rpartition("/")[2]
+            if not (name.startswith(".") and name.endswith(".tmp")):
+                yield info.key
 
 
 # writers: SQL statements, then the store record, then the caller's commit
