@@ -123,3 +123,35 @@ def test_a_regression_is_kept_when_every_measurement_is_slow() -> None:
     assert (c2.regressed, c2.new_tokens_per_s) == (False, 47.0)
     assert "c=1 48.0 → 32.0 tok/s (the fastest of 3 measurements this run)" in str(found)
     assert "(one smoke: not measured again here)" in str(suspect())
+
+
+def held_by(rule: str) -> Promotion:
+    made = promotion("held")
+    made.rule = rule
+    return made
+
+
+def test_a_hold_for_a_regression_or_a_pin_is_no_failure_and_only_the_first_unsettles() -> None:
+    from datetime import UTC, datetime
+
+    from pipeline.nightly.report import paragraph
+    from pipeline.nightly.settle import hold_for_regression
+    from pipeline.nightly.verdict import NightlyReport, RecipeReport
+
+    pending = promotion("pending")
+    hold_for_regression(pending, slower())
+    assert (pending.action, pending.rule) == ("held", "toolchain-regressed")
+    assert pending.reason.startswith("toolchain regressed: toolchain regression on "
+                                     "H100-SXM5-80GB (driver 570.124.06 → 575.57.08): c=1 "
+                                     "100.0 → 30.0 tok/s")
+    report = NightlyReport(datetime(2026, 12, 6, tzinfo=UTC), "local", dry_run=False)
+    pinned = TargetReport("p", [stage("smoke")], promotions=[held_by("rollback-pin")])
+    report.recipes = [RecipeReport("toy", "toy.yaml", "sha256:r", [pinned])]
+    assert (report.failures, report.settled, report.exit_code) == ([], True, 0)
+    assert paragraph(report).endswith("1 held; 0 aliases promoted, 1 held. Exit 0.")
+    report.recipes[0].targets.append(TargetReport("r", [stage("smoke")], promotions=[pending],
+                                                  regressions=[slower()]))
+    assert (report.failures, report.settled, report.exit_code) == ([], False, 5)
+    gate = TargetReport("g", [stage("smoke")], promotions=[held_by("ab")])
+    report.recipes[0].targets.append(gate)
+    assert [f["target"] for f in report.failures] == ["g"]  # the gate's hold is listed
