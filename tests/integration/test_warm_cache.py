@@ -211,6 +211,17 @@ def test_a_cache_the_server_fails_with_is_refused_and_the_verdict_is_the_cold_st
     assert pulled["warm_cache"] not in (None, bad)
 
 
+def test_what_passes_the_capture_cap_is_left_out_and_never_fails_the_smoke(
+        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+    capped = {**env, "ENGINECTL_WARM_CAPTURE_MAX_BYTES": "10"}  # less than the autotuner's file
+    entry = built(tmp_path, capped, tiny_model)  # exit 0, the entry ready
+    assert warm_caches(capped) == []
+    (report,) = json.loads(cli(capped, "show", entry, "--json").stdout)["smoke_reports"]
+    log = Path(report["report"]["log_path"]).read_text()
+    assert ("warm cache capture skipped 1 file(s) over the cap of 10 bytes "
+            "(ENGINECTL_WARM_CAPTURE_MAX_BYTES): trtllm/autotuner.json (") in log
+
+
 def test_a_driver_bump_or_another_gpu_is_a_miss_said_in_one_line(
         tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
     entry = built(tmp_path, env, tiny_model)
