@@ -289,3 +289,24 @@ def test_show_prints_the_curve_and_compare_plots_it(seeded: Seeded, tmp_path: Pa
     rows = json.loads(cli(seeded.home, "compare", "--model", "m", "--json").stdout)["rows"]
     assert {r["digest"]: [p["rate"] for p in r["capacity"]] for r in rows}[seeded.vllm] == \
         [1, 2, 4]
+
+
+def test_advise_reads_the_curve_on_each_registry_and_store(ctx: Context, tmp_path: Path) -> None:
+    """The proof's curve read out of the report's JSON by the database, on SQLite and on
+    PostgreSQL; a newer probe of the pool (a driver bump) leaves the proof unproven."""
+    from pipeline.advise.advise import advise
+    from pipeline.errors import NothingProvenError
+    from pipeline.serving.capacity import Slo
+
+    digest = import_artifact(ctx, checkpoint_dir(tmp_path / "v", 9), ImportSpec(
+        kind="vllm", model="m", quant="bf16", status="built")).digest
+    history.record_smoke(ctx, digest, True, report_with(
+        [(1, 0.1, 0.5), (2, 0.2, 0.6), (4, 0.4, 0.9)], price=3.0), status="ready", gpu=H100,
+        toolchain=NOW)
+    (option,) = advise(ctx, "m", slo=Slo(0.3), rate=6).ranked
+    assert (option.digest, option.capacity.rate, option.replicas) == (digest, pytest.approx(3), 2)
+    with ctx.registry.session() as session:
+        build_inputs.record_toolchain(session, "host:b", H100,
+                                      {**NOW, "driver": "575.57.08"}, "b")
+    with pytest.raises(NothingProvenError, match="driver 570.124.06 → 575.57.08"):
+        advise(ctx, "m", slo=Slo(0.3), rate=6)

@@ -1,0 +1,133 @@
+"""Does `enginectl advise` tell the truth for the tiny model? Its answer checked against a
+separate open-loop run.
+
+Run: `.venv/bin/python bench/advise_check.py [--slo-ms 250] [--rates 4,8,16,32,64]
+[--duration 10] [--check-duration 30]` from the repository root (≈5 min on 2 cores; skipped
+with a message when `scripts/install-vllm --check` fails).
+
+1. vLLM's CPU build serves the tiny Llama (`scripts/make_tiny_model.py`; the argv a vLLM
+   manifest stores, `--enforce-eager`, max-num-seqs 4) through `smoke()` with
+   `smoke.capacity` set: the open-loop curve at each of --rates for --duration s, stopped once
+   TTFT p95 passes 4 × the objective.
+2. The report is recorded as the proof of an imported vLLM entry in a fresh registry
+   (`history.record_smoke`, as a build records it), and `enginectl advise --ttft-p95 SLO`
+   reads the capacity off it.
+3. A second server, a new schedule (another seed): `run_rate` at the advised capacity and at
+   1.5× it, --check-duration s each. The claim holds when TTFT p95 is within the objective at
+   the capacity and beyond it at 1.5×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from _support import ENGINECTL, exit_on_signals, loadavg, log, machine
+from smoke_overhead import VLLM_ENV, tiny_model, vllm_python, vllm_template
+
+from pipeline.recipe.schema import CapacitySettings, SmokeSettings
+from pipeline.serving.checks import load_body
+from pipeline.serving.openloop import run_rate
+from pipeline.serving.server import serving
+from pipeline.serving.smoke import smoke
+from registry.config import RegistryConfig
+from registry.context import Context
+from registry.ops.adopt import ImportSpec, import_artifact
+from registry.sql import history
+
+MODEL = "tiny-llama"
+PROMPTS = ["The capital of France is", "Write a haiku about GPUs."]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--slo-ms", type=float, default=250.0, help="TTFT p95 objective")
+    parser.add_argument("--rates", default="4,8,16,32,64", help="the curve's requests/s")
+    parser.add_argument("--duration", type=float, default=10.0, help="s per curve rate")
+    parser.add_argument("--check-duration", type=float, default=30.0,
+                        help="s of each check run")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    exit_on_signals()
+    python = vllm_python()
+    if python is None:
+        return
+    model = tiny_model()
+    template = vllm_template(python)
+    rates = [float(r) for r in args.rates.split(",")]
+    settings = SmokeSettings(
+        prompts=PROMPTS, max_tokens=args.max_tokens, concurrency=[1], requests=4,
+        ready_timeout_s=900, request_timeout_s=120,
+        capacity=CapacitySettings(rates=rates, duration_s=args.duration,
+                                  ttft_p95_ms=4 * args.slo_ms, tpot_p95_ms=10_000))
+    log(f"machine: {machine()}; load average {loadavg()}")
+    with tempfile.TemporaryDirectory(prefix="advise-check-") as tmp:
+        work = Path(tmp)
+        log("1. smoke with the capacity curve ...")
+        report = smoke(template, model_dir=model, served_name=MODEL, settings=settings,
+                       max_input_len=128, price_per_hour=0.10, log_path=work / "smoke.log",
+                       env=VLLM_ENV)
+        if not report.passed or report.capacity is None:
+            sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
+        log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s")
+        for p in report.capacity.points:
+            log(f"   {p.rate:5g} {p.sent:5d} {p.errors:6d}  {_ms(p.ttft_p50_s):>7} / "
+                f"{_ms(p.ttft_p95_s):>6}  {_ms(p.tpot_p95_s):>10}  {p.output_tokens_per_s:8.1f}")
+        log(f"   stopped: {report.capacity.stopped}")
+
+        home = work / "home"
+        ctx = Context(RegistryConfig.from_env({"ENGINECTL_HOME": str(home)}))
+        try:
+            digest = import_artifact(ctx, model, ImportSpec(
+                kind="vllm", model=MODEL, quant="bf16", status="built")).digest
+            history.record_smoke(ctx, digest, True, report.as_dict(), status="ready",
+                                 gpu="CPU", toolchain={"vllm": "0.32.0"})
+        finally:
+            ctx.close()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+        done = subprocess.run(
+            [ENGINECTL, "advise", "--model", MODEL, "--ttft-p95", f"{args.slo_ms:g}ms",
+             "--rate", "1/s", "--json"], env={**env, "ENGINECTL_HOME": str(home)},
+            capture_output=True, text=True, check=False, timeout=120)
+        if done.returncode != 0:
+            sys.exit(f"2. advise exit {done.returncode}: {done.stderr.strip()}")
+        (row,) = json.loads(done.stdout)["ranked"]
+        capacity = float(row["capacity_rps"])
+        log(f"2. advise: capacity {capacity:.2f} requests/s at TTFT p95 {args.slo_ms:g} ms"
+            + (" (a lower bound: every rate held)" if row["capacity_is_lower_bound"] else ""))
+
+        log("3. check runs on a second server ...")
+        check = settings.model_copy(update={"capacity": None})
+        with serving(template, model_dir=model, served_name=MODEL, settings=check,
+                     log_path=work / "check.log", env={**VLLM_ENV, "BENCH": uuid.uuid4().hex}
+                     ) as ready:
+            body = load_body(ready.client, MODEL, check)
+            found = [(rate, run_rate(ready.client, body, PROMPTS, rate=rate,
+                                     duration_s=args.check_duration, seed=7))
+                     for rate in (capacity, 1.5 * capacity)]
+    slo = args.slo_ms / 1000
+    for label, (rate, p) in zip(("capacity", "1.5 × capacity"), found, strict=True):
+        ok = p.errors == 0 and p.ttft_p95_s is not None and p.ttft_p95_s <= slo
+        log(f"   {label:>14}: {rate:6.2f} requests/s, {p.sent} sent, {p.errors} errors, TTFT "
+            f"p50 {_ms(p.ttft_p50_s)} ms, p95 {_ms(p.ttft_p95_s)} ms: "
+            f"{'within' if ok else 'beyond'} {args.slo_ms:g} ms")
+    holds = found[0][1].ttft_p95_s is not None and found[0][1].ttft_p95_s <= slo \
+        and not found[0][1].errors
+    breaks = found[1][1].errors > 0 or (found[1][1].ttft_p95_s or 0) > slo
+    log(f"verdict: the objective {'holds' if holds else 'does NOT hold'} at the advised "
+        f"capacity and {'breaks' if breaks else 'does NOT break'} at 1.5×; "
+        f"load average {loadavg()}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+if __name__ == "__main__":
+    main()
