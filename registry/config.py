@@ -12,6 +12,9 @@
                               sending them from the file (s3sendfile)
     ENGINECTL_REGISTRY_URL    SQLAlchemy URL (default: sqlite:///<home>/registry.db);
                               PostgreSQL: postgresql+psycopg://user@host/db
+    ENGINECTL_REGISTRY_RETRY_S  seconds a registry call made while no lease is held (pull,
+                              fetch, plan, ls) retries a PostgreSQL connection fault
+                              (default 30); under a lease, the lease's time left bounds it
     ENGINECTL_CACHE_DIR       fetch cache keyed by file digest (default: $XDG_CACHE_HOME/
                               enginectl, else ~/.cache/enginectl; its entries are under
                               `xxh3-128/`, beside the vLLM environment scripts/install-vllm
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Final
 
 from registry.errors import ConfigError
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 _REGISTRY_URL: Final = re.compile(r"(sqlite|postgresql|postgres)(\+[A-Za-z0-9_]+)?://.*",
                                   re.DOTALL)
@@ -100,6 +104,8 @@ class RegistryConfig:
     registry_url: str
     cache_dir: Path
     legacy_cache_dirs: tuple[Path, ...] = ()
+    registry_retry_s: float = REGISTRY_RETRY_DEFAULT_S
+    """How long a registry call made without a lease retries a connection fault."""
     """Older cache places whose entries are still used (moved into *cache_dir* on use)."""
     origins: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     """Where each setting came from: the variable that set it, or how its default was made."""
@@ -130,6 +136,7 @@ class RegistryConfig:
             registry_url=registry_url_of(env) or f"sqlite:///{home / 'registry.db'}",
             cache_dir=cache_dir,
             legacy_cache_dirs=tuple(p for p in legacy if p != cache_dir),
+            registry_retry_s=_retry_s(env),
             origins=origins,
         )
 
@@ -139,6 +146,21 @@ class RegistryConfig:
             "home": "ENGINECTL_HOME", "store_url": "ENGINECTL_STORE_URL",
             "registry_url": "ENGINECTL_REGISTRY_URL", "cache_dir": "ENGINECTL_CACHE_DIR",
         }[setting]
+
+
+def _retry_s(env: Mapping[str, str]) -> float:
+    """ENGINECTL_REGISTRY_RETRY_S, a number of seconds >= 0 (default 30)."""
+    raw = env.get("ENGINECTL_REGISTRY_RETRY_S", "").strip()
+    if not raw:
+        return REGISTRY_RETRY_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ConfigError(f"ENGINECTL_REGISTRY_RETRY_S={raw!r} is not a number of seconds "
+                          "(0 or more)", variable="ENGINECTL_REGISTRY_RETRY_S", value=raw)
+    return value
 
 
 def check_directory(path: Path, *, what: str, variable: str) -> Path:

@@ -75,7 +75,8 @@ class Context:
 
         if "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
             self._check_home()
-        return open_registry(self.config.registry_url, readonly=self.readonly)
+        return open_registry(self.config.registry_url, readonly=self.readonly,
+                             retry_s=self.config.registry_retry_s)
 
     @cached_property
     def cache(self) -> BlobCache:

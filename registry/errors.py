@@ -29,6 +29,9 @@
         ├── DiskFullError          a disk this machine writes to is full (ENOSPC, EDQUOT):
         │                          path, what it is (the fetch cache, a target directory)
         ├── ConflictError          a registry write collides with an existing row: what
+        ├── RegistryUnreachableError  the registry's connection kept failing until the
+        │   │                      call's retries ran out: url, detail, waited_s
+        │   └── LeaseLostError     ... past what a held lease allowed: lease (its key), url
         ├── RecordNotFoundError    no such artifact, alias or stage run in the registry
         │                          (exit 6, not found: the registry answered): what, name
         ├── UnreadyError           the artifact's status forbids the verb (a quarantined
@@ -217,6 +220,34 @@ class ConflictError(RegistryError):
     def __init__(self, message: str, *, what: str | None = None) -> None:
         self.what = what
         super().__init__(message)
+
+
+class RegistryUnreachableError(RegistryError):
+    """The registry at *url* kept failing with connection faults (*detail*: the last one)
+    for *waited_s* seconds, until the call's retry window ran out."""
+
+    def __init__(self, url: str, detail: str, *, waited_s: float,
+                 message: str | None = None) -> None:
+        self.url = url
+        self.detail = detail
+        self.waited_s = waited_s
+        super().__init__(message or (
+            f"registry {url} did not answer for {waited_s:.0f} s ({detail}); "
+            "ENGINECTL_REGISTRY_RETRY_S sets how long a command waits for it"))
+
+
+class LeaseLostError(RegistryUnreachableError):
+    """As `RegistryUnreachableError`, stopped because *lease* ("lease on k1:...", the one
+    this process must renew first) would have expired: its holder stops before another
+    builder may take its key over."""
+
+    def __init__(self, lease: str, url: str, detail: str, *, waited_s: float) -> None:
+        self.lease = lease
+        self.key = lease.removeprefix("lease on ")
+        super().__init__(url, detail, waited_s=waited_s, message=(
+            f"{lease} lost: registry {url} did not answer for {waited_s:.0f} s ({detail}); "
+            "stopped before another builder may take it over; run the same command again "
+            "once the registry answers"))
 
 
 class RecordNotFoundError(RegistryError):

@@ -12,6 +12,8 @@
     history       status changes, smoke reports and alias moves: store record, then SQL row
     leases, heartbeat, pending, gclock    rows with an expiry kept alive, and the gc lock
     lookup        what fetch and plan read on the database driver alone, without SQLAlchemy
+    transient, resilient    which connection faults are retried and for how long; the
+                  PostgreSQL connection that retries them (SQLAlchemy's pool and lookup's)
 
 May import: `registry.errors`, `registry.identity`, the store's interface (`registry.store.base`)
 and the registry's top-level helpers (config, context, progress, workers). Never the store

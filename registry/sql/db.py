@@ -37,6 +37,13 @@ truncated or scrambled, is `DamagedRegistryError`: one line naming the file and
 Errors: `IntegrityError` becomes `ConflictError`, `OperationalError` (unreachable, locked)
 becomes `RegistryError`; both name the URL with its password hidden.
 
+Blips: on PostgreSQL every statement, COMMIT and connect that meets a connection fault (reset,
+refused, "server closed the connection unexpectedly") is retried on a new connection while
+the leases this process holds have time left, else for *retry_s*
+(`registry.sql.resilient`, `registry.sql.transient`), so a `with reg.session()` block needs
+nothing of its own; a fault that outlasts that is `LeaseLostError` (naming the lease) or
+`RegistryUnreachableError`.
+
 Engines, the SQLite settings and the translation of errors are `registry.sql.engine`; the
 migrations, `current` and `upgrade` are `registry.sql.schema`; this module opens a registry.
 """
@@ -53,6 +60,7 @@ from sqlalchemy.orm import ORMExecuteState, Session
 from registry.errors import NoRegistryError, RegistryError
 from registry.sql.engine import READONLY, make_engine, safe_url, sqlite_file, translating
 from registry.sql.schema import SchemaState, migrate_if, peek_revision, schema_error, schema_state
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 
 def _refuse_orm_writes(state: ORMExecuteState) -> None:
@@ -126,12 +134,14 @@ class Registry:
         self.close()
 
 
-def open_registry(url: str, *, readonly: bool = False) -> Registry:
+def open_registry(url: str, *, readonly: bool = False,
+                  retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Registry:
     """Open the registry at *url*, creating or migrating it as the module docstring says;
-    with *readonly*, only an existing registry at this binary's schema, never changed."""
+    with *readonly*, only an existing registry at this binary's schema, never changed.
+    *retry_s*: how long a call made while no lease is held retries a connection fault."""
     if readonly:
-        return _open_readonly(url)
-    engine = make_engine(url)
+        return _open_readonly(url, retry_s)
+    engine = make_engine(url, retry_s=retry_s)
     shown = safe_url(url)
     wanted: set[SchemaState] = {"empty", "behind"} if engine.dialect.name == "sqlite" else {"empty"}
     try:
@@ -149,8 +159,8 @@ def open_registry(url: str, *, readonly: bool = False) -> Registry:
     return Registry(engine, shown)
 
 
-def _open_readonly(url: str) -> Registry:
-    engine = make_engine(url, readonly=True)
+def _open_readonly(url: str, retry_s: float) -> Registry:
+    engine = make_engine(url, readonly=True, retry_s=retry_s)
     shown = safe_url(url)
     try:
         with translating(shown):

@@ -3,7 +3,8 @@
 `make_engine(url)`: psycopg 3 for `postgresql://`; SQLite in WAL mode with a 30 s busy timeout,
 foreign keys on and `BEGIN IMMEDIATE` for every write transaction, its file created whole
 (`preparesqlite_file`), or opened with `mode=ro` when *readonly*. `translating(url)` turns
-`IntegrityError` into `ConflictError`, `OperationalError` into `RegistryError` and a SQLite
+`IntegrityError` into `ConflictError`, `OperationalError` into `RegistryError` (a connection
+fault that outlasted its retries into `LeaseLostError` or `RegistryUnreachableError`) and a SQLite
 file that is not a database into `DamagedRegistryError`. How a registry is opened on top of
 these: `registry.sql.db`.
 """
@@ -22,6 +23,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
 from registry.errors import ConflictError, DamagedRegistryError, NoRegistryError, RegistryError
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S, unreachable
 
 SQLITE_BUSY_TIMEOUT_S: Final = 30
 READONLY: Final = "enginectl_readonly"
@@ -45,6 +47,9 @@ def translating(url: str) -> Iterator[None]:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else "constraint violated"
         raise ConflictError(f"registry {url} refused a conflicting write: {detail}") from exc
     except OperationalError as exc:
+        lost = unreachable(url, exc)
+        if lost is not None:
+            raise lost from exc
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise RegistryError(f"cannot use registry {url}: {detail}") from exc
     except DatabaseError as exc:  # SQLite: "file is not a database", "disk image is malformed"
@@ -121,10 +126,25 @@ def sqlite_file(url: URL) -> Path | None:
     return None if database.startswith("file:") else Path(database).expanduser()
 
 
-def make_engine(url: str, *, readonly: bool = False) -> Engine:
+def _resilient_connect(retry_s: float) -> Any:
+    """The pool's connect: a psycopg connection that retries through blips
+    (`registry.sql.resilient`), made with the dialect's own arguments."""
+    from registry.sql.resilient import ResilientConnection
+
+    def connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> ResilientConnection:
+        return ResilientConnection(lambda: dialect.loaded_dbapi.connect(*cargs, **cparams),
+                                   window_s=retry_s)
+    return connect
+
+
+def make_engine(url: str, *, readonly: bool = False,
+                retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Engine:
     """An engine for *url* with enginectl's settings (also used by `migrations/env.py`).
 
-    `postgresql://` and `postgres://` mean psycopg 3; SQLite gets its parent directory made,
+    `postgresql://` and `postgres://` mean psycopg 3, over connections that retry a blip
+    while the leases this process holds have time left, else for *retry_s*
+    (`registry.sql.resilient`; pool_pre_ping then only finds a pooled connection the
+    server ended, which the retry replaces the same way); SQLite gets its parent directory made,
     unless *readonly*: then a SQLite file that does not exist is `NoRegistryError` and the
     one that does is opened with `mode=ro` (nothing is created, not even its folder).
     """
@@ -136,7 +156,9 @@ def make_engine(url: str, *, readonly: bool = False) -> Engine:
     if backend in ("postgresql", "postgres"):
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, pool_pre_ping=True)
+        engine = create_engine(parsed, pool_pre_ping=True, use_native_hstore=False)
+        event.listen(engine, "do_connect", _resilient_connect(retry_s))
+        return engine
     if backend != "sqlite":
         raise RegistryError(
             f"unsupported registry URL {safe_url(parsed)}: "

@@ -30,6 +30,7 @@ from typing import Final
 from sqlalchemy import Engine, text
 
 from registry.filelock import flock
+from registry.sql.transient import is_transient
 
 GC_LOCK_ID: Final = 0x656E67696E6567  # "engineg": distinct from the migrations' lock id
 SCHEMA_KEY: Final = "SELECT hashtextextended(coalesce(current_schema(), ''), :seed)"
@@ -73,8 +74,9 @@ def _advisory(engine: Engine, *, shared: bool, blocking: bool) -> Iterator[bool]
             if held:
                 connection.execute(text(f"SELECT pg_advisory_unlock{suffix}(:key)"),
                                    {"key": key})
-        except Exception:
+        except Exception as exc:
             connection.invalidate()  # closing the connection releases the lock for good
-            raise
+            if not is_transient(exc):
+                raise  # else the server released it already, with the connection it lost
         finally:
             connection.close()

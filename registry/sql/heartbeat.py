@@ -14,7 +14,9 @@ it. Their defaults are the lease on *key* held by *owner*.
 
 It renews the row every third of its TTL. A renewal that fails (the database restarted, a
 connection was dropped, the network blinked) is retried with backoff for as long as the
-lease still has time left; a blip never loses a lease. The lease is lost when
+lease still has time left; a blip never loses a lease. While it runs, every registry call of
+this process retries its own connection faults until the time the row must be renewed by
+(`registry.sql.transient.LEASES`), never longer. The lease is lost when
 
     - a renewal answers "not yours" (another builder took it over, or its run was finished
       under it), or
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Final
 
 from registry.sql import leases
 from registry.sql.db import Registry
+from registry.sql.transient import LEASES
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -74,14 +77,21 @@ class Heartbeat:
 
     def start(self) -> Heartbeat:
         self._held_until = (self.taken_at or time.monotonic()) + self.ttl_s
+        self._hold()
         self._thread.start()
         return self
+
+    def _hold(self) -> None:
+        """Every registry call of this process retries a blip no longer than this row must
+        be renewed by (`registry.sql.transient.LEASES`)."""
+        LEASES.hold(id(self), self._held_until - self.ttl_s / 6, self.what)
 
     def stop(self) -> None:
         """Stop renewing (the work ended; the caller releases the lease). A renewal still in
         flight is given STOP_WAIT_S to give its connection back, so that the caller may
         close the registry after this."""
         self._done.set()
+        LEASES.drop(id(self))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         renewing = self._renewing
@@ -107,6 +117,7 @@ class Heartbeat:
                 return
             if answer is True:
                 self._held_until = sent + self.ttl_s
+                self._hold()
                 backoff, due = FIRST_RETRY_S, sent + interval
                 continue
             if answer is False:
@@ -158,5 +169,6 @@ class Heartbeat:
         return f"taken over by {held.owner} on {held.host} (pid {held.pid})"
 
     def _lose(self, reason: str) -> None:
+        LEASES.drop(id(self))
         self.lost = reason
         self.on_lost(reason)

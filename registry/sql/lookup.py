@@ -11,6 +11,9 @@ keys are built and the toolchains last probed on the pools (`built_keys`, `last_
 and `build` what a fully cached build needs to know (`build_state`): it reads those only
 from a registry at the schema head (`HEAD`), and leaves any other to `registry.sql.db`.
 
+On PostgreSQL a read that meets a connection fault is retried on a new connection
+(`registry.sql.resilient`, the one retry the ORM's sessions use too).
+
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
 or has no tables yet, is a registry with no artifacts (a plan builds everything; a full
 digest is fetched from the store alone), except that an alias or a digest prefix looked up
@@ -38,6 +41,7 @@ from registry.errors import (
     RegistryError,
 )
 from registry.identity.refs import resolve_with
+from registry.sql.transient import unreachable
 
 HEAD: Final = "0003"
 """The Alembic revision of the newest schema (`registry.sql.schema` reads it from here, so
@@ -328,6 +332,9 @@ def _reader(url: str) -> Iterator[_Reader]:
         with opener(url) as (connection, absent):
             yield _Reader(connection, placeholder, absent)
     except driver_error as exc:
+        lost = unreachable(shown(url), exc)
+        if lost is not None:
+            raise lost from exc
         lines = str(exc).strip().splitlines()
         detail = lines[0] if lines else type(exc).__name__
         if scheme == "sqlite" and _damaged(exc):
@@ -377,11 +384,17 @@ def _sqlite_path(url: str) -> Path:
 
 @contextmanager
 def _postgres(url: str) -> Iterator[tuple[Any, str | None]]:
+    """An autocommit connection that retries its reads through a blip, as the ORM's do
+    (`registry.sql.resilient`: the held leases' time left, else the default window)."""
     import psycopg
+
+    from registry.sql.resilient import ResilientConnection
 
     parts = urlsplit(url)
     conninfo = urlunsplit(parts._replace(scheme="postgresql"))
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as connection:
+    with ResilientConnection(lambda: psycopg.connect(conninfo, autocommit=True,
+                                                     connect_timeout=10)) as connection:
+        connection.autocommit = True  # what each new connection is made with
         found = connection.execute(
             "SELECT to_regclass('artifacts') IS NOT NULL AND to_regclass('aliases') IS NOT NULL"
         ).fetchone()

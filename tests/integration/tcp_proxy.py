@@ -1,0 +1,139 @@
+"""A TCP proxy in front of PostgreSQL that fails connections on purpose: the network blips a
+registry must ride out.
+
+    with TcpProxy(5432) as proxy:           # listens on a free loopback port
+        url = proxy.url(postgres_url)       # the same registry URL, through the proxy
+        proxy.cut()                         # close every connection through it, both ends
+        with proxy.cutting(every_s=0.7):    # ... again and again, in a thread
+            ...
+        proxy.refuse(3.0)                   # refuse new connections (and cut the open ones)
+                                            # for 3 s: nothing listens on its port meanwhile
+
+A cut closes the client's socket (psycopg: "server closed the connection unexpectedly",
+or "consuming input failed") and the server's (PostgreSQL rolls back what was in flight).
+A refusal closes the listening socket, so connecting is refused by the kernel
+("Connection refused"), and opens it again on the same port. `accepted` counts the
+connections made through it, `cuts` the connections it closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+from sqlalchemy.engine import make_url
+
+
+class TcpProxy:
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = 0
+        self.accepted = 0
+        self.cuts = 0
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._closed = threading.Event()
+        self._listener: socket.socket | None = None
+        self._listen()
+
+    def url(self, registry_url: str) -> str:
+        """*registry_url* (a PostgreSQL one) through this proxy."""
+        return make_url(registry_url).set(host="127.0.0.1", port=self.port).render_as_string(
+            hide_password=False)
+
+    def _listen(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                         name="tcp-proxy-accept").start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed: refusing, or the proxy closed
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, server))
+                self.accepted += 1
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True,
+                                 name="tcp-proxy-pump").start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def _stop_listening(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
+            listener.close()
+
+    def cut(self) -> int:
+        """Close every connection through the proxy (both ends); how many were open."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for end in pair:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+        self.cuts += len(pairs)
+        return len(pairs)
+
+    @contextlib.contextmanager
+    def cutting(self, *, every_s: float) -> Iterator[None]:
+        """Cut every connection each *every_s* seconds while the block runs."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                self.cut()
+
+        thread = threading.Thread(target=loop, daemon=True, name="tcp-proxy-cutter")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def refuse(self, seconds: float) -> None:
+        """Cut every connection and refuse new ones for *seconds* (nothing listens)."""
+        self._stop_listening()
+        self.cut()
+        time.sleep(seconds)
+        if not self._closed.is_set():
+            self._listen()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._stop_listening()
+        self.cut()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,144 @@
+"""A database blip shorter than the lease never fails a healthy build: PostgreSQL behind a
+TCP proxy (tests/integration/tcp_proxy.py) that cuts every connection again and again, or
+refuses connections for a while, under `enginectl build` on TensorRT-LLM's stand-ins. Every
+registry call retries the fault (`registry.sql.resilient`); one that outlasts the lease
+stops the stage and says which lease it lost."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import builder_env
+from tests.integration.builds import (
+    GUARD_S,
+    SMALL_ENGINE,
+    build,
+    counts,
+    engine_key,
+    engines,
+    lease_of,
+    start,
+    wait_for_pidfile,
+    write_recipe,
+)
+from tests.integration.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.waits  # on blips and lease time-outs: spread (conftest)
+
+
+@pytest.fixture
+def proxy() -> Iterator[TcpProxy]:
+    with TcpProxy(5432) as made:
+        yield made
+
+
+@pytest.fixture
+def env(tmp_path: Path, postgres_url: str, proxy: TcpProxy) -> dict[str, str]:
+    """A builder whose registry is *postgres_url* through the proxy (migrated first, past
+    it: the blips are the builder's)."""
+    from registry.sql.db import open_registry
+
+    open_registry(postgres_url).close()
+    return builder_env(tmp_path, proxy.url(postgres_url))
+
+
+def release(fifo: Path) -> None:
+    """Let the stand-in trtllm-build waiting on *fifo* go on."""
+    handle = os.open(fifo, os.O_WRONLY)
+    try:
+        os.write(handle, b"go")
+    finally:
+        os.close(handle)
+
+
+def held_build(env: dict[str, str], tmp_path: Path,
+               recipe: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A build of the small engine whose trtllm-build runs until the test releases it."""
+    fifo, pidfile = tmp_path / "release-the-build", tmp_path / "trtllm-build.pid"
+    os.mkfifo(fifo)
+    proc = start({**env, "FAKE_TRTLLM_WAIT_FIFO": str(fifo),
+                  "FAKE_TRTLLM_PIDFILE": str(pidfile)}, recipe, "--only", SMALL_ENGINE)
+    wait_for_pidfile(proc, pidfile)
+    return proc, fifo
+
+
+def test_a_build_rides_out_connections_cut_every_0_7_s(
+    env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
+) -> None:
+    """Every connection is cut each 0.7 s for the whole build (a 6 s lease): it succeeds,
+    with one engine and its lease finished."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": "6"}
+    with proxy.cutting(every_s=0.7):
+        done = build(env, recipe, "--only", SMALL_ENGINE)
+    assert counts(done.stdout)["built"] == 3, done.stdout
+    assert proxy.cuts > 0
+    assert len(engines(postgres_url)) == 1
+
+
+def test_a_build_rides_out_3_s_of_refused_connections(
+    env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
+) -> None:
+    """Connections are cut and refused for 3 s while trtllm-build runs (a 12 s lease): the
+    heartbeat and the calls after it wait, and the build succeeds."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": "12"}
+    proc, fifo = held_build(env, tmp_path, recipe)
+    try:
+        proxy.refuse(3.0)
+    finally:
+        release(fifo)
+    out, err = proc.communicate(timeout=GUARD_S)
+    assert proc.returncode == 0, (out, err)
+    assert counts(out)["built"] == 3
+    assert len(engines(postgres_url)) == 1
+
+
+def test_a_registry_refused_past_the_lease_stops_the_stage_naming_the_lease(
+    env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
+) -> None:
+    """Connections refused for 15 s under a 6 s lease: the stage is stopped, the build
+    fails with exit 3 saying that the engine's lease was lost and why, and publishes no
+    engine; the lease is not left running as this builder's."""
+    recipe = write_recipe(tmp_path)
+    key = engine_key(env, recipe)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": "6"}
+    proc, fifo = held_build(env, tmp_path, recipe)
+    refusing = threading.Thread(target=proxy.refuse, args=(15.0,))
+    refusing.start()
+    try:
+        out, err = proc.communicate(timeout=GUARD_S)
+    finally:
+        with contextlib.suppress(OSError):
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        refusing.join()
+    assert proc.returncode == 3, (out, err)
+    assert f"lease on {key} lost" in out + err, (out, err)
+    assert "Traceback" not in err
+    assert engines(postgres_url) == []
+    assert lease_of(postgres_url, key).status != "succeeded"
+
+
+def test_two_builders_of_one_key_ride_out_cuts_every_1_5_s(
+    env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
+) -> None:
+    """Two builders of the same engine, every connection cut each 1.5 s: both succeed, one
+    builds it and the other reuses it."""
+    recipe = write_recipe(tmp_path)
+    env = {**env, "ENGINECTL_LEASE_TTL_S": "6"}
+    with proxy.cutting(every_s=1.5):
+        first = start(env, recipe, "--only", SMALL_ENGINE)
+        second = start(env, recipe, "--only", SMALL_ENGINE)
+        outs = [proc.communicate(timeout=GUARD_S) for proc in (first, second)]
+    assert (first.returncode, second.returncode) == (0, 0), outs
+    built = sorted(counts(out)["built"] for out, _ in outs)
+    assert built[0] < built[1], outs
+    assert len(engines(postgres_url)) == 1
