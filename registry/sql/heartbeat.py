@@ -74,6 +74,7 @@ class Heartbeat:
                                         daemon=True)
         self._held_until = 0.0
         self._renewing: threading.Thread | None = None
+        self._error = ""
 
     def start(self) -> Heartbeat:
         self._held_until = (self.taken_at or time.monotonic()) + self.ttl_s
@@ -94,6 +95,13 @@ class Heartbeat:
         LEASES.drop(id(self))
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
+        if self.lost is None and self._thread.ident is not None \
+                and time.monotonic() >= self._held_until - self.ttl_s / 6:
+            # stopped past the time it had to be renewed by: lost, though no renewal said so
+            # yet (the caller's own registry call gave up at that time, `transient.LEASES`)
+            unreached = time.monotonic() - (self._held_until - self.ttl_s)
+            self.lost = (f"{self.what} lost: no renewal reached the registry for "
+                         f"{unreached:.0f} s (last error: {self._error or NO_ANSWER})")
         renewing = self._renewing
         if renewing is not None and renewing is not threading.current_thread():
             renewing.join(STOP_WAIT_S)
@@ -109,13 +117,14 @@ class Heartbeat:
         interval, margin = self.ttl_s / 3, self.ttl_s / 6
         backoff = FIRST_RETRY_S
         due = self._held_until - self.ttl_s + interval
-        error = ""
+        error = self._error = ""
         while not self._done.wait(max(0.0, due - time.monotonic())):
             sent = time.monotonic()
             answer = self._attempt(self._held_until - margin - sent)
             if self._done.is_set():
                 return
             if answer is True:
+                self._error = ""
                 self._held_until = sent + self.ttl_s
                 self._hold()
                 backoff, due = FIRST_RETRY_S, sent + interval
@@ -124,7 +133,7 @@ class Heartbeat:
                 self._lose(f"{self.what} lost: {self.why_lost()}")
                 return
             if answer != NO_ANSWER or not error:  # what failed, rather than the time out
-                error = answer
+                error = self._error = answer
             left = self._held_until - margin - time.monotonic()
             if left <= 0:
                 unreached = time.monotonic() - (self._held_until - self.ttl_s)

@@ -140,7 +140,8 @@ def retrying(attempt: Callable[[], T], *, window_s: float = REGISTRY_RETRY_DEFAU
              sleep: Callable[[float], object] = time.sleep) -> T:
     """*attempt()*, again after each transient error (`recover()` first, when given: it may
     itself raise a transient error, which is retried the same way) with backoff from
-    FIRST_BACKOFF_S doubling to MAX_BACKOFF_S, while the budget lasts. The last error is
+    FIRST_BACKOFF_S doubling to MAX_BACKOFF_S, while the budget lasts (the last try at its
+    deadline, so that a lease's holder has passed it when the call fails). The last error is
     raised unchanged, marked (`spent`) with the budget and how long the call waited; any
     other error is raised at once."""
     started: float | None = None
@@ -156,11 +157,11 @@ def retrying(attempt: Callable[[], T], *, window_s: float = REGISTRY_RETRY_DEFAU
             if started is None:
                 started = now
             limit = budget(started, window_s)
-            if now + backoff > limit.deadline:
+            if now >= limit.deadline:
                 with contextlib.suppress(AttributeError):  # a driver error without a dict
                     setattr(exc, "__enginectl_budget__", (limit, now - started))  # noqa: B010
                 raise
-            sleep(backoff)
+            sleep(max(0.0, min(backoff, limit.deadline - now)))  # the last try at the deadline
             backoff = min(backoff * 2, MAX_BACKOFF_S)
             step = attempt if recover is None else _after(recover, attempt)
 

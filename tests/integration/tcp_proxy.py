@@ -33,6 +33,7 @@ class TcpProxy:
         self.port = 0
         self.accepted = 0
         self.cuts = 0
+        self.refusing = False
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._closed = threading.Event()
@@ -123,7 +124,9 @@ class TcpProxy:
         """Cut every connection and refuse new ones for *seconds* (nothing listens)."""
         self._stop_listening()
         self.cut()
+        self.refusing = True
         time.sleep(seconds)
+        self.refusing = False
         if not self._closed.is_set():
             self._listen()
 

@@ -6,7 +6,6 @@ stops the stage and says which lease it lost."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import threading
@@ -69,6 +68,19 @@ def held_build(env: dict[str, str], tmp_path: Path,
     return proc, fifo
 
 
+def refused(proxy: TcpProxy, seconds: float, fifo: Path) -> None:
+    """Refuse connections for *seconds*, and let trtllm-build end as it begins: the build
+    then publishes, and releases its lease, while nothing answers."""
+    refusing = threading.Thread(target=proxy.refuse, args=(seconds,))
+    refusing.start()
+    try:
+        while proxy.refusing is False:
+            threading.Event().wait(0.01)
+    finally:
+        release(fifo)
+        refusing.join()
+
+
 def test_a_build_rides_out_connections_cut_every_0_7_s(
     env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
 ) -> None:
@@ -86,15 +98,12 @@ def test_a_build_rides_out_connections_cut_every_0_7_s(
 def test_a_build_rides_out_3_s_of_refused_connections(
     env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
 ) -> None:
-    """Connections are cut and refused for 3 s while trtllm-build runs (a 12 s lease): the
-    heartbeat and the calls after it wait, and the build succeeds."""
+    """Connections are cut and refused for 3 s while trtllm-build runs, and it ends then (a
+    12 s lease): the publish, the heartbeat and the release wait, and the build succeeds."""
     recipe = write_recipe(tmp_path)
     env = {**env, "ENGINECTL_LEASE_TTL_S": "12"}
     proc, fifo = held_build(env, tmp_path, recipe)
-    try:
-        proxy.refuse(3.0)
-    finally:
-        release(fifo)
+    refused(proxy, 3.0, fifo)
     out, err = proc.communicate(timeout=GUARD_S)
     assert proc.returncode == 0, (out, err)
     assert counts(out)["built"] == 3
@@ -104,27 +113,21 @@ def test_a_build_rides_out_3_s_of_refused_connections(
 def test_a_registry_refused_past_the_lease_stops_the_stage_naming_the_lease(
     env: dict[str, str], tmp_path: Path, proxy: TcpProxy, postgres_url: str
 ) -> None:
-    """Connections refused for 15 s under a 6 s lease: the stage is stopped, the build
-    fails with exit 3 saying that the engine's lease was lost and why, and publishes no
-    engine; the lease is not left running as this builder's."""
+    """Connections refused for 15 s under a 6 s lease, as trtllm-build ends: the stage
+    stops when the lease would expire, the build fails with exit 3 saying that the engine's
+    lease was lost and why, and publishes no engine."""
     recipe = write_recipe(tmp_path)
     key = engine_key(env, recipe)
     env = {**env, "ENGINECTL_LEASE_TTL_S": "6"}
     proc, fifo = held_build(env, tmp_path, recipe)
-    refusing = threading.Thread(target=proxy.refuse, args=(15.0,))
-    refusing.start()
-    try:
-        out, err = proc.communicate(timeout=GUARD_S)
-    finally:
-        with contextlib.suppress(OSError):
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            os.close(fd)
-        refusing.join()
+    refused(proxy, 15.0, fifo)
+    out, err = proc.communicate(timeout=GUARD_S)
     assert proc.returncode == 3, (out, err)
     assert f"lease on {key} lost" in out + err, (out, err)
     assert "Traceback" not in err
     assert engines(postgres_url) == []
     assert lease_of(postgres_url, key).status != "succeeded"
+    assert "no renewal reached the registry" in out + err
 
 
 def test_two_builders_of_one_key_ride_out_cuts_every_1_5_s(
