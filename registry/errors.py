@@ -232,7 +232,7 @@ class RegistryUnreachableError(RegistryError):
         self.detail = detail
         self.waited_s = waited_s
         super().__init__(message or (
-            f"registry {url} did not answer for {waited_s:.0f} s ({detail}); "
+            f"cannot use registry {url}: no answer for {waited_s:.0f} s ({detail}); "
             "ENGINECTL_REGISTRY_RETRY_S sets how long a command waits for it"))
 
 

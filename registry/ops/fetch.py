@@ -226,7 +226,7 @@ def find(ctx: Context, ref: str, *, verb: str = "fetch") -> Found:
     does not know is taken as is (status None). A deleted artifact is refused (DeletedError,
     exit 4: a state of the registry, as a quarantined one is), whatever the flags."""
     try:
-        found = lookup(ctx.config.registry_url, ref)
+        found = lookup(ctx.config.registry_url, ref, retry_s=ctx.config.registry_retry_s)
     except RecordNotFoundError:
         if not ref.startswith("sha256:") or len(ref) != len("sha256:") + 64:
             raise

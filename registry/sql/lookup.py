@@ -11,9 +11,7 @@ keys are built and the toolchains last probed on the pools (`built_keys`, `last_
 and `build` what a fully cached build needs to know (`build_state`): it reads those only
 from a registry at the schema head (`HEAD`), and leaves any other to `registry.sql.db`.
 
-On PostgreSQL a read that meets a connection fault is retried on a new connection
-(`registry.sql.resilient`, the one retry the ORM's sessions use too).
-
+On PostgreSQL a read that meets a connection fault is retried (`registry.sql.resilient`).
 Reads only: nothing here creates or migrates a registry. A SQLite file that does not exist,
 or has no tables yet, is a registry with no artifacts (a plan builds everything; a full
 digest is fetched from the store alone), except that an alias or a digest prefix looked up
@@ -30,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -41,7 +40,7 @@ from registry.errors import (
     RegistryError,
 )
 from registry.identity.refs import resolve_with
-from registry.sql.transient import unreachable
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S, unreachable
 
 HEAD: Final = "0003"
 """The Alembic revision of the newest schema (`registry.sql.schema` reads it from here, so
@@ -57,12 +56,12 @@ class Found:
     """Why it has that status (`smoke failed: …`), when the registry says."""
 
 
-def lookup(url: str, ref: str) -> Found:
+def lookup(url: str, ref: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Found:
     """The artifact *ref* (digest, unique prefix or alias) names in the registry at *url*.
 
     RecordNotFoundError / UsageError as `registry.sql.refs.resolve_ref` raises them;
     NoRegistryError for an alias or a prefix when there is no registry at *url*."""
-    with _reader(url) as reader:
+    with _reader(url, retry_s) as reader:
         try:
             digest = resolve_with(ref, reader.find_by_prefix, reader.get_alias,
                                   reader.alias_names)
@@ -311,7 +310,7 @@ def reader(url: str) -> AbstractContextManager[_Reader]:
 
 
 @contextmanager
-def _reader(url: str) -> Iterator[_Reader]:
+def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Reader]:
     scheme = url.split("://", 1)[0].split("+", 1)[0]
     opener: Callable[[str], AbstractContextManager[Any]]
     driver_error: type[Exception]
@@ -322,7 +321,8 @@ def _reader(url: str) -> Iterator[_Reader]:
     elif scheme in ("postgresql", "postgres"):
         import psycopg
 
-        opener, placeholder, driver_error = _postgres, "%s", psycopg.Error
+        opener, placeholder = partial(_postgres, retry_s=retry_s), "%s"
+        driver_error = psycopg.Error
     else:
         raise RegistryError(
             f"unsupported registry URL {shown(url)}: "
@@ -383,9 +383,8 @@ def _sqlite_path(url: str) -> Path:
 
 
 @contextmanager
-def _postgres(url: str) -> Iterator[tuple[Any, str | None]]:
-    """An autocommit connection that retries its reads through a blip, as the ORM's do
-    (`registry.sql.resilient`: the held leases' time left, else the default window)."""
+def _postgres(url: str, *, retry_s: float) -> Iterator[tuple[Any, str | None]]:
+    """Autocommit; its reads retry a blip as the ORM's do (`registry.sql.resilient`)."""
     import psycopg
 
     from registry.sql.resilient import ResilientConnection
@@ -393,7 +392,8 @@ def _postgres(url: str) -> Iterator[tuple[Any, str | None]]:
     parts = urlsplit(url)
     conninfo = urlunsplit(parts._replace(scheme="postgresql"))
     with ResilientConnection(lambda: psycopg.connect(conninfo, autocommit=True,
-                                                     connect_timeout=10)) as connection:
+                                                     connect_timeout=10),
+                             window_s=retry_s) as connection:
         connection.autocommit = True  # what each new connection is made with
         found = connection.execute(
             "SELECT to_regclass('artifacts') IS NOT NULL AND to_regclass('aliases') IS NOT NULL"

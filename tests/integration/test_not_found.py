@@ -90,7 +90,8 @@ def test_an_unknown_model_is_exit_6_with_the_closest_one(home: dict[str, str],
 
 
 def test_an_outage_is_still_exit_4(home: dict[str, str]) -> None:
-    down = {**home, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}
+    down = {**home, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x",
+            "ENGINECTL_REGISTRY_RETRY_S": "0"}  # refused is a blip, retried for so long
     for args in (["show", ALIAS], ["resolve", "--model", "llama", "--gpu", "h100"],
                  ["fetch", ALIAS, "-o", home["OUT"]]):
         assert "cannot use registry postgresql+psycopg://nobody@127.0.0.1:1/x" in run(
