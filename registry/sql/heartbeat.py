@@ -178,6 +178,7 @@ class Heartbeat:
         return f"taken over by {held.owner} on {held.host} (pid {held.pid})"
 
     def _lose(self, reason: str) -> None:
-        LEASES.drop(id(self))
+        # kept in LEASES, its time past, until `stop`: a blip met meanwhile by a call of the
+        # work it guarded fails that call at once, rather than letting it wait and finish
         self.lost = reason
         self.on_lost(reason)

@@ -11,9 +11,9 @@ registry must ride out.
 
 A cut closes the client's socket (psycopg: "server closed the connection unexpectedly",
 or "consuming input failed") and the server's (PostgreSQL rolls back what was in flight).
-A refusal closes the listening socket, so connecting is refused by the kernel
-("Connection refused"), and opens it again on the same port. `accepted` counts the
-connections made through it, `cuts` the connections it closed.
+A refusal replaces the listening socket by one bound to the same port that does not listen,
+so connecting is refused by the kernel ("Connection refused"), then listens again.
+`accepted` counts the connections made through it, `cuts` the connections it closed.
 """
 
 from __future__ import annotations
@@ -45,12 +45,16 @@ class TcpProxy:
         return make_url(registry_url).set(host="127.0.0.1", port=self.port).render_as_string(
             hide_password=False)
 
-    def _listen(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+    def _bind(self) -> socket.socket:
+        bound = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(("127.0.0.1", self.port))
+        self.port = bound.getsockname()[1]
+        return bound
+
+    def _listen(self, bound: socket.socket | None = None) -> None:
+        listener = bound or self._bind()
         listener.listen(64)
-        self.port = listener.getsockname()[1]
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True,
                          name="tcp-proxy-accept").start()
@@ -121,14 +125,19 @@ class TcpProxy:
             thread.join()
 
     def refuse(self, seconds: float) -> None:
-        """Cut every connection and refuse new ones for *seconds* (nothing listens)."""
+        """Cut every connection and refuse new ones for *seconds*: the port stays bound
+        (no other process takes it meanwhile) by a socket that does not listen, so the
+        kernel answers a connect with a reset ("Connection refused")."""
         self._stop_listening()
+        placeholder = self._bind()
         self.cut()
         self.refusing = True
         time.sleep(seconds)
         self.refusing = False
-        if not self._closed.is_set():
-            self._listen()
+        if self._closed.is_set():
+            placeholder.close()
+        else:
+            self._listen(placeholder)
 
     def close(self) -> None:
         self._closed.set()
