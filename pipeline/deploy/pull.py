@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.node import asked, fitting_target, resolved
+from pipeline.deploy.refit import Refitted, check_refit_here, needs_refit, refit_placed
 from pipeline.deploy.runtime import Runtime, find_runtime
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
 from pipeline.deploy.warm import WARM_DIR, Warm, node_key, place_warm
@@ -97,6 +98,7 @@ class Pulled:
     unproven: str | None = None  # `unproven on <SKU> (…)` (--allow-unproven), None if proven
     warm_cache: str | None = None  # the warm cache placed in DIR/.warm (pipeline.deploy.warm)
     env: dict[str, str] = field(default_factory=dict)  # its variables, relative to DIR
+    refit: dict[str, Any] | None = None  # a weight-stripped engine's (pipeline.deploy.refit)
 
     @property
     def command(self) -> str:
@@ -117,6 +119,7 @@ class Pulled:
             "served_model_name": self.served_model_name, "sources": list(self.sources),
             "tokenizer_dir": self.tokenizer_dir, "cwd": str(self.directory),
             "env": dict(self.env), "warm_cache": self.warm_cache, "unproven": self.unproven,
+            "refit": self.refit,
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -238,7 +241,7 @@ def merged(selection: Selection) -> Manifest:
 
 def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str, port: int,
                downloaded_bytes: int = 0, cached_bytes: int = 0,
-               warm: Warm | None = None) -> Pulled:
+               warm: Warm | None = None, refit: Refitted | None = None) -> Pulled:
     """What serves *selection* from *dest* on this node (with *warm*'s cache, if any). Pure."""
     tokenizer = selection.tokenizer
     tokenizer_dir = None if tokenizer is None else str(dest / TOKENIZER_DIR)
@@ -256,11 +259,13 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
         executable=runtime.executable, argv=argv, host=host, port=port,
         served_model_name=served_name(argv, runtime.name, str(dest)),
         sources=sources, downloaded_bytes=downloaded_bytes, cached_bytes=cached_bytes,
-        notes=selection.notes + ((warm.note,) if warm and warm.note else ()),
+        notes=selection.notes + ((warm.note,) if warm and warm.note else ())
+        + ((refit.note,) if refit else ()),
         tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
         unproven=selection.unproven,
         warm_cache=None if warm is None else warm.digest,
         env={} if warm is None else dict(warm.env),
+        refit=None if refit is None else refit.as_dict(),
     )
 
 
@@ -274,14 +279,17 @@ def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtim
     with placing(target, by="pull", digest=selection.found.digest) as placed:
         fetched = fill(lazy_store(ctx), merged(selection), placed.tree, cache=ctx.cache,
                        verify=verify, progress=progress, named=dest)
+        refit = refit_placed(ctx, selection.manifest, placed.tree, progress=progress)
         kept = (place_warm(ctx, selection.manifest, placed.tree, node_key(selection.manifest))
                 if warm else None)
         pulled = pulled_for(selection, runtime, dest, host=host, port=port,
-                            downloaded_bytes=fetched.downloaded_bytes,
-                            cached_bytes=fetched.cached_bytes, warm=kept)
+                            downloaded_bytes=fetched.downloaded_bytes
+                            + (refit.downloaded_bytes if refit else 0),
+                            cached_bytes=fetched.cached_bytes, warm=kept, refit=refit)
         write_json(placed.tree / SERVE_FILE, pulled.serve_json())
         source = selection.tokenizer.source if selection.tokenizer else None
-        placed.record(sources=[str(m.digest) for m in selection.sources],
+        placed.record(sources=[str(m.digest) for m in selection.sources]
+                      + ([refit.manifest] if refit and refit.manifest else []),
                       under=[(TOKENIZER_DIR, source)] if source else [],
                       writable={WARM_DIR: kept.digest} if kept and kept.digest else {})
     return pulled
@@ -317,6 +325,8 @@ def pull(
     target = check_target(ctx, dest, verb="pull", force=force, verify=verify)
     selection = select(ctx, ref, request=request, allow_unready=allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
+    if needs_refit(selection.manifest):  # refitted here, so trtllm-refit must be here too
+        check_refit_here()
     ctx.begin(store=False)  # a cache hit needs no store
     return place(ctx, selection, target, runtime=runtime, host=host, port=port, verify=verify,
                  progress=progress, warm=warm)

@@ -96,6 +96,7 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     cannot be served; `MachineError` when this machine cannot serve it."""
     import yaml
 
+    from pipeline.deploy.refit import needs_refit, refitted_engine
     from pipeline.errors import MachineError
     from pipeline.planning.capacity import too_few_gpus
     from pipeline.planning.toolchain import probe
@@ -124,10 +125,18 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     if vllm:
         argv[0] = settings.vllm_python  # vLLM's environment on this machine
     here = None if vllm else probe(settings).toolchain.gpu
-    if (reason := cannot_serve_here(argv, record, here)
-            or too_few_gpus(manifest.labels)) is not None:
+    stripped = needs_refit(manifest)
+    no_refit = ("trtllm-refit is not on PATH"
+                if stripped and program("trtllm-refit") is None else None)
+    if (reason := cannot_serve_here(argv, record, here) or too_few_gpus(manifest.labels)
+            or no_refit) is not None:
         raise MachineError(f"cannot smoke {digest} here", reason, _fix(digest, record))
     fetch_once(ctx.store, lambda: load_manifest(ctx, source), model_dir, cache=ctx.cache)
+    if stripped:  # served as a node serves it: refitted from its checkpoint
+        whole = refitted_engine(ctx, manifest, model_dir,
+                                model_dir.with_name(f"{model_dir.name}.refit")).directory
+        argv = [part.replace(str(model_dir), str(whole)) for part in argv]
+        model_dir = whole
     argv = _with_tokenizer(ctx, tokenizer, argv, model_dir)
     smoke_settings = SmokeSettings()
     if text is not None:  # only the smoke section: the source may not be on this machine

@@ -1,10 +1,15 @@
-"""Weight-stripped engines through `enginectl build` on TensorRT-LLM's stand-ins: the smoke
-serves the engine refitted from its checkpoint, the first stripped engine of a (model, quant,
-TRT-LLM) on a GPU is also built whole and compared (`refit-equivalence` evidence), and an
-engine without evidence that holds stays `built`; a refit that fails quarantines it."""
+"""Weight-stripped engines through `enginectl build` and `pull` on TensorRT-LLM's stand-ins:
+the smoke serves the engine refitted from its checkpoint, the first stripped engine of a
+(model, quant, TRT-LLM) on a GPU is also built whole and compared (`refit-equivalence`
+evidence), and an engine without evidence that holds stays `built`; a refit that fails
+quarantines it. `pull` fetches the plan and the checkpoint (through the fetch cache), refits
+on the node, keeps the refitted engine for the next pull, and fails whole (exit 3) when the
+refit does."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +18,7 @@ import yaml
 
 from registry.sql.db import open_registry
 from registry.sql.records import ArtifactRecord, list_artifacts
+from tests.fakes.weights import read_engine
 from tests.helpers import builder_env, fake_gpu
 from tests.helpers import enginectl as cli
 from tests.integration.builds import make_model
@@ -25,7 +31,23 @@ SQLITE = pytest.mark.parametrize("registry_url", ["sqlite"], indirect=True)
 
 @pytest.fixture
 def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
-    return {**builder_env(tmp_path, registry_url), **fake_gpu(tmp_path / "gpu"), **STEADY}
+    return {**builder_env(tmp_path, registry_url), **fake_gpu(tmp_path / "gpu"), **STEADY,
+            "ENGINECTL_CACHE_DIR": str(tmp_path / "cache"),
+            "FAKE_TRTLLM_REFIT_LOG": str(tmp_path / "refits.jsonl")}
+
+
+def blobs(record: ArtifactRecord) -> dict[str, int]:
+    return {str(f.xxh3): f.size for f in record.files}
+
+
+def refits(tmp_path: Path) -> int:
+    log = tmp_path / "refits.jsonl"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def pulled(env: dict[str, str], digest: str, dest: Path, code: int = 0) -> dict[str, Any]:
+    done = cli(env, "pull", digest, "-o", dest, "--json", code=code)
+    return json.loads(done.stdout) if code == 0 else {"stderr": done.stderr}
 
 
 def stripped_recipe(directory: Path, shapes: list[dict[str, Any]]) -> Path:
@@ -72,6 +94,43 @@ def test_stripped_engines_smoke_refitted_and_the_first_is_compared_whole(
     assert evidence.digest[:19] in shown
     compared = cli(env, "compare", "--model", "toy").stdout
     assert f"refit-equivalence {evidence.digest[:19]}" in compared
+    pull_each_shape(tmp_path, env, engines, checkpoint)
+
+
+def pull_each_shape(tmp_path: Path, env: dict[str, str], engines: list[ArtifactRecord],
+                    checkpoint: ArtifactRecord) -> None:
+    """A fresh node pulls one shape, then the other, then the first again."""
+    node = {**env, "ENGINECTL_CACHE_DIR": str(tmp_path / "node-cache")}
+    before = refits(tmp_path)
+    first = pulled(node, engines[0].digest, tmp_path / "a")
+    plan, source = blobs(engines[0]), blobs(checkpoint)
+    assert first["downloaded_bytes"] == sum({**plan, **source}.values())
+    assert first["refit"]["checkpoint_downloaded_bytes"] == sum(
+        size for blob, size in source.items() if blob not in plan)  # the tokenizer is shared
+    assert first["refit"]["seconds"] is not None
+    serve = json.loads((tmp_path / "a" / "serve.json").read_text())
+    assert serve["refit"]["checkpoint"] == checkpoint.digest
+    assert serve["argv"][:2] == ["trtllm-serve", str(tmp_path / "a")] or \
+        serve["argv"][1] == str(tmp_path / "a")
+    header, body = read_engine(tmp_path / "a" / "rank0.engine")
+    assert header["stripped"] is False
+    assert len(body) == sum(w["size"] for w in header["weights"].values()) > 0  # its weights
+    second = pulled(node, engines[1].digest, tmp_path / "b")  # the other shape
+    assert second["refit"]["checkpoint_downloaded_bytes"] == 0  # the checkpoint was here
+    assert second["downloaded_bytes"] == sum(
+        size for blob, size in blobs(engines[1]).items() if blob not in {**plan, **source})
+    assert refits(tmp_path) == before + 2
+    again = pulled(node, engines[0].digest, tmp_path / "a")  # a restart: no refit again
+    assert again["refit"]["seconds"] is None
+    assert again["downloaded_bytes"] == 0
+    assert refits(tmp_path) == before + 2
+    kept = (tmp_path / "a" / "rank0.engine").read_bytes()
+    shutil.rmtree(tmp_path / "node-cache" / "refits")  # a refit that fails: DIR keeps it all
+    failed = pulled({**node, "FAKE_TRTLLM_REFIT_FAIL": "RuntimeError: Failed to refit "
+                     "engine."}, engines[0].digest, tmp_path / "a", code=3)
+    assert "Failed to refit engine" in failed["stderr"]
+    assert (tmp_path / "a" / "rank0.engine").read_bytes() == kept
+    cli(env, "smoke", engines[0].digest)  # `enginectl smoke` serves it refitted too
 
 
 @SQLITE
