@@ -97,6 +97,7 @@ class Pulled:
     evidence: dict[str, Any] | None = None  # the proof resolve ranked it by (no REF)
     unproven: str | None = None  # `unproven on <SKU> (…)` (--allow-unproven), None if proven
     warm_cache: str | None = None  # the warm cache placed in DIR/.warm (pipeline.deploy.warm)
+    warm_use: str | None = None  # what the runtime did with it at its last smoke start
     env: dict[str, str] = field(default_factory=dict)  # its variables, relative to DIR
     refit: dict[str, Any] | None = None  # a weight-stripped engine's (pipeline.deploy.refit)
 
@@ -125,7 +126,7 @@ class Pulled:
     def as_dict(self) -> dict[str, Any]:
         return {**self.serve_json(), "directory": str(self.directory), "command": self.command,
                 "downloaded_bytes": self.downloaded_bytes, "cached_bytes": self.cached_bytes,
-                "notes": list(self.notes), "evidence": self.evidence}
+                "notes": list(self.notes), "evidence": self.evidence, "warm_use": self.warm_use}
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
         tokenizer_dir=tokenizer_dir, evidence=selection.evidence,
         unproven=selection.unproven,
         warm_cache=None if warm is None else warm.digest,
+        warm_use=None if warm is None else warm.used,
         env={} if warm is None else dict(warm.env),
         refit=None if refit is None else refit.as_dict(),
     )

@@ -141,6 +141,7 @@ def test_a_smoke_captures_it_and_a_pull_places_the_exact_match(
     assert row["ready_s"] == reports[0]["report"]["ready_s"]
     again = cli(env, "pull", entry, "-o", tmp_path / "again", "--json")
     assert "at its last smoke start the runtime used" in again.stderr
+    assert json.loads(again.stdout)["warm_use"] == "used"
 
     cold = tmp_path / "cold"
     pulled = json.loads(cli(env, "pull", entry, "-o", cold, "--no-warm", "--json").stdout)
