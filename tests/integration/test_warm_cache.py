@@ -42,6 +42,13 @@ def env(tmp_path: Path, registry_url: str) -> dict[str, str]:
             "ENGINECTL_CACHE_DIR": str(tmp_path / "fetch-cache")}  # nothing shared: a damage test
 
 
+@pytest.fixture
+def sqlite_env(tmp_path: Path) -> dict[str, str]:
+    """`env` on SQLite alone: for what does not depend on the registry's database."""
+    return {**builder_env(tmp_path, f"sqlite:///{tmp_path / 'home' / 'registry.db'}"),
+            **fake_gpu(tmp_path / "gpu"), "ENGINECTL_CACHE_DIR": str(tmp_path / "fetch-cache")}
+
+
 def built(tmp_path: Path, env: dict[str, str], model: Path) -> str:
     """Build a TRT-LLM PyTorch-backend entry of *model* for the H100 (smoked here); its
     digest."""
@@ -174,7 +181,8 @@ def forged(tmp_path: Path, env: dict[str, str], warm: dict[str, Any], *,
 
 
 def test_a_cache_whose_manifest_records_another_node_is_never_placed(
-        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+        tmp_path: Path, sqlite_env: dict[str, str], tiny_model: Path) -> None:
+    env = sqlite_env
     entry = built(tmp_path, env, tiny_model)
     (warm,) = warm_caches(env)
     manifest = json.loads(cli(env, "show", warm["digest"], "--json").stdout)["manifest"]
@@ -188,7 +196,8 @@ def test_a_cache_whose_manifest_records_another_node_is_never_placed(
 
 
 def test_a_cache_the_server_fails_with_is_refused_and_the_verdict_is_the_cold_start(
-        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+        tmp_path: Path, sqlite_env: dict[str, str], tiny_model: Path) -> None:
+    env = sqlite_env
     entry = built(tmp_path, env, tiny_model)
     (warm,) = warm_caches(env)
     bad = forged(tmp_path, env, warm, content=b"{not json")
@@ -213,7 +222,8 @@ def test_a_cache_the_server_fails_with_is_refused_and_the_verdict_is_the_cold_st
 
 
 def test_what_passes_the_capture_cap_is_left_out_and_never_fails_the_smoke(
-        tmp_path: Path, env: dict[str, str], tiny_model: Path) -> None:
+        tmp_path: Path, sqlite_env: dict[str, str], tiny_model: Path) -> None:
+    env = sqlite_env
     capped = {**env, "ENGINECTL_WARM_CAPTURE_MAX_BYTES": "10"}  # less than the autotuner's file
     entry = built(tmp_path, capped, tiny_model)  # exit 0, the entry ready
     assert warm_caches(capped) == []
