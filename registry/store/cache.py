@@ -272,9 +272,14 @@ class BlobCache:
             stamp = _stamp_of(entry.lstat())
         except FileNotFoundError:
             return
-        with _writing(entry.parent) as temp:
-            temp.write_text(stamp, encoding="ascii")
-            temp.replace(self._stamp_path(entry))
+        try:
+            with _writing(entry.parent) as temp:
+                temp.write_text(stamp, encoding="ascii")
+                temp.replace(self._stamp_path(entry))
+        except OSError as exc:
+            if _disk_full(exc):
+                raise DiskFullError(self.root, "the fetch cache") from exc
+            raise
 
     def remove_partial(self, before: datetime, *, dry_run: bool = False) -> int:
         """Temp files (`.tmp-*`) of writers killed before *before*: a fetch that was

@@ -106,7 +106,7 @@ def test_a_fetch_never_imports_sqlalchemy(tmp_path: Path) -> None:
     source.mkdir()
     (source / "config.json").write_text("{}")
     (source / "rank0.engine").write_bytes(b"engine bytes")
-    config = RegistryConfig(home=tmp_path, store_url=(tmp_path / "store").as_uri(),
+    config = RegistryConfig(home=tmp_path / "home", store_url=(tmp_path / "store").as_uri(),
                             s3_endpoint_url=None, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
                             cache_dir=tmp_path / "cache")
     ctx = Context(config)
@@ -121,7 +121,8 @@ def test_a_fetch_never_imports_sqlalchemy(tmp_path: Path) -> None:
         "fetch(Context(), 'm/prod', Path(sys.argv[1]))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')))\n"
     )
-    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path), "ENGINECTL_STORE_URL": config.store_url,
+    env = {**os.environ, "ENGINECTL_HOME": str(tmp_path / "home"),
+           "ENGINECTL_STORE_URL": config.store_url,
            "ENGINECTL_REGISTRY_URL": config.registry_url,
            "ENGINECTL_CACHE_DIR": str(tmp_path / "fresh-cache")}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], env=env,

@@ -30,7 +30,7 @@ def test_transient_s3_errors_are_retried(
     with FaultyProxy(s3_server.endpoint_url, lambda n, *_: faults[n % 4]) as proxy:
         def flaky() -> Context:  # one client each, as the builder and the deploy node have
             return Context(RegistryConfig(
-                home=tmp_path, store_url=f"s3://{s3_bucket}/flaky",
+                home=tmp_path / "home", store_url=f"s3://{s3_bucket}/flaky",
                 s3_endpoint_url=proxy.endpoint_url, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
                 cache_dir=tmp_path / "cache"))
 
@@ -60,7 +60,7 @@ def test_uploads_carry_a_checked_crc32_and_leave_the_body_out_of_the_signature(
     (engine / "rank1.engine").write_bytes(os.urandom(12 << 20))  # a multipart upload
     with FaultyProxy(s3_server.endpoint_url, lambda *_: "pass") as proxy:
         context = Context(RegistryConfig(
-            home=tmp_path, store_url=f"s3://{s3_bucket}/unsigned",
+            home=tmp_path / "home", store_url=f"s3://{s3_bucket}/unsigned",
             s3_endpoint_url=proxy.endpoint_url, registry_url=f"sqlite:///{tmp_path / 'r.db'}",
             cache_dir=tmp_path / "cache"))
         context.store.upload_part_size = 5 << 20  # type: ignore[attr-defined]
@@ -89,7 +89,7 @@ def test_a_body_cut_off_mid_stream_is_resumed_where_it_stopped(
 
     store_url = f"s3://{s3_bucket}/cut"
     published = import_artifact(Context(RegistryConfig(
-        home=tmp_path, store_url=store_url, s3_endpoint_url=s3_server.endpoint_url,
+        home=tmp_path / "home", store_url=store_url, s3_endpoint_url=s3_server.endpoint_url,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache0",
     )), make_engine(tmp_path / "engine"), engine_spec())
     cut: set[str] = set()  # each blob's first GET only: the resumed read must get through
@@ -102,7 +102,7 @@ def test_a_body_cut_off_mid_stream_is_resumed_where_it_stopped(
 
     with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
         context = Context(RegistryConfig(
-            home=tmp_path, store_url=store_url, s3_endpoint_url=proxy.endpoint_url,
+            home=tmp_path / "home", store_url=store_url, s3_endpoint_url=proxy.endpoint_url,
             registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
         ))
         fetched = fetch(context, published.digest, tmp_path / "out", verify="strict")
@@ -125,7 +125,7 @@ def test_a_permanent_s3_error_is_one_line_with_the_request_id(
     from registry.errors import StoreError
 
     context = Context(RegistryConfig(
-        home=tmp_path, store_url="s3://no-such-bucket-here/x",
+        home=tmp_path / "home", store_url="s3://no-such-bucket-here/x",
         s3_endpoint_url=s3_server.endpoint_url,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache",
     ))

@@ -30,7 +30,7 @@ BIG = (16 << 20) + 4321  # two ranged GETs of 16 MiB parts
 
 def _context(tmp_path: Path, store_url: str, endpoint: str, cache: str) -> Context:
     context = Context(RegistryConfig(
-        home=tmp_path, store_url=store_url, s3_endpoint_url=endpoint,
+        home=tmp_path / "home", store_url=store_url, s3_endpoint_url=endpoint,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / cache))
     context.store.download_part_size = 16 << 20  # type: ignore[attr-defined]
     return context

@@ -37,7 +37,7 @@ def _engine(tmp_path: Path) -> tuple[Path, str]:
 
 def _import(tmp_path: Path, s3_bucket: str, endpoint: str, engine: Path, name: str) -> str:
     context = Context(RegistryConfig(
-        home=tmp_path, store_url=f"s3://{s3_bucket}/{name}", s3_endpoint_url=endpoint,
+        home=tmp_path / "home", store_url=f"s3://{s3_bucket}/{name}", s3_endpoint_url=endpoint,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / "cache"))
     context.store.upload_part_size = PART  # type: ignore[attr-defined]
     context.store.upload_threads = 1  # type: ignore[attr-defined] # parts in order

@@ -17,6 +17,7 @@ from registry.config import RegistryConfig
 from registry.context import Context
 from registry.ops.adopt import import_artifact
 from registry.ops.fetch import fetch
+from registry.ops.marker import MARKER
 from registry.store.s3splice import Answer, Connection, Connections, read_head, usable
 from tests.integration.engines import engine_spec, make_engine
 from tests.integration.faulty_proxy import Fault, FaultyProxy
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "splice"), reason="splice(2) is 
 
 def _context(tmp_path: Path, store_url: str, endpoint: str, cache: str) -> Context:
     return Context(RegistryConfig(
-        home=tmp_path, store_url=store_url, s3_endpoint_url=endpoint,
+        home=tmp_path / "home", store_url=store_url, s3_endpoint_url=endpoint,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / cache))
 
 
@@ -45,8 +46,10 @@ def _publish(tmp_path: Path, s3_server: S3Server, store_url: str) -> tuple[Path,
 
 
 def _same_files(engine: Path, out: Path) -> bool:
+    """The engine's files are what was fetched (the fetch's marker aside)."""
     def files(root: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
+                if p.is_file() and p.name != MARKER}
 
     return files(engine) == files(out)
 

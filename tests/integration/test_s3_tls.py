@@ -49,7 +49,7 @@ def _private_ca(where: Path) -> tuple[Path, ssl.SSLContext]:
 
 def _context(tmp_path: Path, bucket: str, endpoint: str, cache: str) -> Context:
     return Context(RegistryConfig(
-        home=tmp_path, store_url=f"s3://{bucket}/tls", s3_endpoint_url=endpoint,
+        home=tmp_path / "home", store_url=f"s3://{bucket}/tls", s3_endpoint_url=endpoint,
         registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=tmp_path / cache))
 
 
