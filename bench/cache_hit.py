@@ -12,7 +12,7 @@ re-hashes those (as it must: an edit in place changes the ctime the same way).
 
 Target: < 0.2 s by full digest on S3 as on `file://`.
 Run: `.venv/bin/python bench/cache_hit.py [--rounds N] [--files N --mib M]` from the
-repository root (≈1 minute).
+repository root (≈1 minute; `--quick`: one round of 2 × 1 MiB on moto, to check it runs).
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from pathlib import Path
 from _support import (
     ENGINECTL,
     MiB,
+    add_quick,
     Sample,
     loadavg,
     log,
     machine,
     make_artifact,
     median,
+    quick_mode,
     run_measured,
     s3_server,
     scratch,
@@ -51,10 +53,11 @@ def enginectl(env: dict[str, str], *args: str) -> dict[str, object]:
 def setup(tmp: Path, name: str, source: Path, store_url: str,
           extra: dict[str, str]) -> tuple[dict[str, str], str]:
     """An environment for a store at *store_url* with its own home and cache, *source*
-    imported and tagged `bench/hit`, and fetched once; (environment, digest)."""
+    imported and tagged `bench/hit`, and fetched once (beside the home: a fetch into
+    enginectl's home is refused); (environment, digest)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")
            and k != "PYTHONDONTWRITEBYTECODE"}  # an installed enginectl has its .pyc
-    env.update(extra, ENGINECTL_HOME=str(tmp / name), ENGINECTL_STORE_URL=store_url,
+    env.update(extra, ENGINECTL_HOME=str(tmp / name / "home"), ENGINECTL_STORE_URL=store_url,
                ENGINECTL_CACHE_DIR=str(tmp / name / "cache"))
     digest = str(enginectl(env, "import", str(source), "--kind", "vllm", "--model", "bench",
                            "--ready")["digest"])
@@ -69,7 +72,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--mib", type=int, default=16, help="size of each file")
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rounds, args.files, args.mib = 1, 2, 1
     print(f"machine: {machine()}")
     with scratch("enginectl-cache-hit-") as tmp:
         source = make_artifact(tmp / "src", files=args.files, size=args.mib * MiB)

@@ -3,7 +3,8 @@
 Seeds, with SQLAlchemy Core bulk inserts (lists of dicts) into the tables of
 `registry.sql.models`, after `registry.sql.db.open_registry` has migrated an empty database:
 
-- 100,000 `artifacts` rows: 200 models × the catalog's GPUs × every artifact kind ×
+- 100,000 `artifacts` rows (`--rows`): 200 models (`--models`; 2000 with a million rows
+  keeps ~500 rows a model) × the catalog's GPUs × every artifact kind ×
   every status (70 % `ready`; engines 60 %, intermediates 20 %, TRT-LLM checkpoints and vLLM
   entries 10 % each), so one model has ~500 rows of which ~280 are ready and servable;
 - `smoke_reports` for ~30 % of the ready servable artifacts (1–3 each, each measured on a
@@ -20,8 +21,9 @@ ANALYZE, and `resolve(..., explain=True)` (every status, what `enginectl resolve
 reads). Prints p50/p90/p99/max, the query plans, and where the time goes (cProfile).
 
 Target: p99 < 10 ms on both databases.
-Run: `.venv/bin/python bench/resolve_scale.py [--rows N] [--calls N] [--sqlite-only]`
-from the repository root (≈2 minutes).
+Run: `.venv/bin/python bench/resolve_scale.py [--rows N] [--models N] [--calls N]
+[--sqlite-only]` from the repository root (≈2 minutes; `--quick`: 300 rows of 3 models, 60
+calls, to check the script runs).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _support import loadavg, log, machine, median, percentile, scratch
+from _support import add_quick, loadavg, log, machine, median, percentile, quick_mode, scratch
 
 from registry.config import RegistryConfig
 from registry.context import Context
@@ -54,6 +56,7 @@ POSTGRES_URL = os.environ.get(
     "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 MODELS = 200
+"""The default of --models."""
 WARMUP = 50
 TARGET_MS = 10.0
 GPUS = [gpu for gpu in CATALOG if not gpu.is_cpu]
@@ -65,7 +68,11 @@ QUANTS = ("bf16", "fp8", "int4_awq", "fp8", "nvfp4")
 SERVABLE = ("trtllm-engine", "trtllm-checkpoint", "vllm")
 
 
-def artifact_rows(count: int, rng: random.Random) -> list[dict[str, Any]]:
+def model_name(n: int) -> str:
+    return f"model-{n:03d}"
+
+
+def artifact_rows(count: int, models: int, rng: random.Random) -> list[dict[str, Any]]:
     now = datetime.now(UTC)
     rows = []
     for i in range(1, count + 1):
@@ -79,7 +86,7 @@ def artifact_rows(count: int, rng: random.Random) -> list[dict[str, Any]]:
             "digest": "sha256:" + hashlib.sha256(f"artifact-{i}".encode()).hexdigest(),
             "kind": kind,
             "key": "k1:" + hashlib.sha256(f"key-{i}".encode()).hexdigest(),
-            "model": f"model-{rng.randrange(MODELS):03d}",
+            "model": model_name(rng.randrange(models)),
             "runtime": {"vllm": "vllm", "trtllm-checkpoint": "trtllm-pytorch"}.get(kind, "trtllm"),
             "gpu": gpu.sku if gpu else None,
             "sm": gpu.sm if gpu else None,
@@ -137,8 +144,8 @@ def smoke_rows(artifacts: list[dict[str, Any]],
     return rows, list(evidence.values())
 
 
-def seed(url: str, count: int, rng: random.Random) -> tuple[int, int, float]:
-    artifacts = artifact_rows(count, rng)
+def seed(url: str, count: int, models: int, rng: random.Random) -> tuple[int, int, float]:
+    artifacts = artifact_rows(count, models, rng)
     smoke, evidence = smoke_rows(artifacts, rng)
     start = time.perf_counter()
     with open_registry(url) as registry, registry.session() as session:
@@ -166,8 +173,8 @@ def postgres_schema() -> Iterator[str]:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def requests(count: int, rng: random.Random) -> list[Request]:
-    return [Request(model=f"model-{rng.randrange(MODELS):03d}", gpu=rng.choice(GPUS),
+def requests(count: int, models: int, rng: random.Random) -> list[Request]:
+    return [Request(model=model_name(rng.randrange(models)), gpu=rng.choice(GPUS),
                     gpu_count=8, toolchain={"trtllm": "0.17.0"}) for _ in range(count)]
 
 
@@ -227,7 +234,7 @@ def profile(call: Callable[[Request], object], batch: list[Request]) -> None:
 
 def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tuple[str, float]]:
     rng = random.Random(1)  # noqa: S311 - reproducible test data, not secrets
-    artifacts, reports, seconds = seed(url, args.rows, rng)
+    artifacts, reports, seconds = seed(url, args.rows, args.models, rng)
     print(f"\n{name}: seeded {artifacts} artifacts and {reports} smoke reports in "
           f"{seconds:.1f} s (load {loadavg()})")
     config = RegistryConfig(home=home, store_url=(home / "store").as_uri(),
@@ -235,7 +242,7 @@ def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tup
     ctx = Context(config)
     results = []
     try:
-        batch = requests(args.calls, random.Random(2))  # noqa: S311 - reproducible picks
+        batch = requests(args.calls, args.models, random.Random(2))  # noqa: S311 - reproducible
         found = [len(resolve(ctx, r).candidates) for r in batch[:100]]
         print(f"  candidates per call: median {median(found)}, max {max(found)}")
         results.append(report("resolve, fresh",
@@ -248,7 +255,7 @@ def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tup
                               latencies(lambda r: resolve(ctx, r), batch)))
         results.append(report("resolve(explain=True), after ANALYZE",
                               latencies(lambda r: resolve(ctx, r, explain=True), batch)))
-        explain(ctx, "model-007")
+        explain(ctx, model_name(min(7, args.models - 1)))
         profile(lambda r: resolve(ctx, r), batch[:200])
     finally:
         ctx.close()
@@ -259,10 +266,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--models", type=int, default=MODELS,
+                        help="models the rows are spread over (~500 rows a model: 2000 at 1M)")
     parser.add_argument("--sqlite-only", action="store_true")
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rows, args.models, args.calls = 300, 3, 60
+    if args.models < 1 or args.rows < 1:
+        parser.error("--rows and --models must be at least 1")
     print(f"machine: {machine()}")
-    print(f"{args.rows} artifacts, {MODELS} models; {args.calls} calls after {WARMUP} warm-up "
+    print(f"{args.rows} artifacts, {args.models} models; {args.calls} calls after {WARMUP} warm-up "
           "calls; latency in ms per resolve() call, in process")
     results = []
     with scratch("enginectl-resolve-") as tmp:
