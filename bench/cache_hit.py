@@ -27,8 +27,8 @@ from pathlib import Path
 from _support import (
     ENGINECTL,
     MiB,
-    add_quick,
     Sample,
+    add_quick,
     loadavg,
     log,
     machine,

@@ -27,8 +27,9 @@ Targets (issue 14): (a) at least as fast as (d) s5cmd, with no more client CPU p
 at least 0.8 × the speed of (f); peak RSS of (a) under 256 MiB; (a) not slower than (b) or
 (c); (e) < 1 s.
 Run: `.venv/bin/python bench/fetch_s3.py [--rounds N] [--moto] [--files N --file-mib M]` from
-the repository root (`--quick`: one round of 2 × 1 MiB on moto, to check the script runs) (`--files 2 --file-mib 640` checks blobs bigger than 512 MiB, which
-need more than 2 × download_threads ranged reads)
+the repository root (`--files 2 --file-mib 640` checks blobs bigger than 512 MiB, which
+need more than 2 × download_threads ranged reads; `--quick`: one round of 2 × 1 MiB on
+moto, to check the script runs)
 (≈5 minutes; about 8 GiB of temp disk, removed at the end, as is the server).
 """
 
@@ -46,10 +47,10 @@ from pathlib import Path
 
 from _support import (
     ENGINECTL,
-    add_quick,
     GiB,
     MiB,
     Sample,
+    add_quick,
     aws_bin,
     loadavg,
     log,
@@ -58,11 +59,11 @@ from _support import (
     measure_in_process,
     median,
     process_cpu,
+    quick_mode,
     read_all,
     rmtree,
     run_measured,
     s3_server,
-    quick_mode,
     s5cmd_bin,
     scratch,
     timed,
