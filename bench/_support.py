@@ -301,6 +301,15 @@ def make_artifact(root: Path, *, files: int = 8, size: int = 256 * MiB) -> Path:
     return root
 
 
+def content_bytes(root: Path) -> int:
+    """The bytes of the files a fetch placed under *root*: the marker it leaves beside them
+    (`FILL_MARKER`, what it wrote there) is not the artifact's content."""
+    from registry.identity.manifest import FILL_MARKER
+
+    return sum(p.stat().st_size for p in root.rglob("*")
+               if p.is_file() and p.name != FILL_MARKER)
+
+
 def read_all(paths: list[Path]) -> None:
     """Pull *paths* into the page cache."""
     buf = bytearray(16 * MiB)

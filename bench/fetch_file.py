@@ -19,6 +19,7 @@ before a change, in the same rounds).
 Run: `.venv/bin/python bench/fetch_file.py [--rounds N] [--files N --file-mib M]
 [--checkout DIR]` from the repository root
 (≈2 minutes; about 6 GiB of temp disk, removed at the end).
+`--quick`: one round of 2 × 1 MiB, to check the script runs (the suite does).
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from _support import (
     GiB,
     MiB,
     Sample,
+    add_quick,
+    content_bytes,
     loadavg,
     log,
     machine,
     make_artifact,
     measure_in_process,
     median,
+    quick_mode,
     read_all,
     rmtree,
     run_measured,
@@ -51,17 +55,16 @@ TARGET = 1.0
 HIT_TARGET_S = 0.2
 
 
-def tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
 def main() -> None:  # noqa: PLR0915 - one linear script reads best
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--files", type=int, default=8, help="files in the artifact")
     parser.add_argument("--file-mib", type=int, default=256, help="size of each file")
     parser.add_argument("--checkout", type=Path, help="also run (a) with this checkout's code")
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rounds, args.files, args.file_mib = 1, 2, 1
 
     print(f"machine: {machine()}")
     with scratch("enginectl-fetch-file-") as tmp:
@@ -128,7 +131,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
                 read_all(blobs)
                 os.sync()
                 samples[name].append(case(dest))
-                if (got := tree_bytes(dest)) != size:
+                if (got := content_bytes(dest)) != size:
                     sys.exit(f"{name} produced {got} bytes, expected {size}")
                 if label == "a":
                     again = tmp / f"out-e-{i}"

@@ -52,6 +52,7 @@ from _support import (
     Sample,
     add_quick,
     aws_bin,
+    content_bytes,
     loadavg,
     log,
     machine,
@@ -69,16 +70,7 @@ from _support import (
     timed,
 )
 
-from registry.identity.manifest import FILL_MARKER
-
 PREFIX = "art"
-
-
-def tree_bytes(root: Path) -> int:
-    """The bytes of the files under *root*, less the marker a fetch leaves beside them
-    (what it wrote there, not the artifact's content)."""
-    return sum(p.stat().st_size for p in root.rglob("*")
-               if p.is_file() and p.name != FILL_MARKER)
 
 
 def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
@@ -221,7 +213,7 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
                 before = process_cpu(server.process.pid)
                 samples[name].append(case(dest))
                 server_cpu[name].append(process_cpu(server.process.pid) - before)
-                got = tree_bytes(dest)
+                got = content_bytes(dest)
                 if got != size:
                     sys.exit(f"{name} produced {got} bytes, expected {size}")
                 if label == "a":  # (e): every blob is in the cache now

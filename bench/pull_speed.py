@@ -21,6 +21,7 @@ numbers are the placement's alone.
 Run: `.venv/bin/python bench/pull_speed.py [--rounds N] [--moto] [--files N --file-mib M]
 [--file-only]` from the repository root (≈6 minutes; about 10 GiB of temp disk, removed at
 the end, as is the server).
+`--quick`: one round of 2 × 1 MiB on moto, to check the script runs (the suite does).
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ from _support import (
     GiB,
     MiB,
     Sample,
+    add_quick,
     loadavg,
     log,
     machine,
     make_artifact,
     median,
+    quick_mode,
     read_all,
     rmtree,
     run_measured,
@@ -155,7 +158,10 @@ def main() -> None:
     parser.add_argument("--file-mib", type=int, default=256)
     parser.add_argument("--moto", action="store_true", help="use moto instead of s3rver")
     parser.add_argument("--file-only", action="store_true", help="skip the S3 half")
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rounds, args.files, args.file_mib = 1, 2, 1
     print(f"machine: {machine()}")
     with scratch("enginectl-pull-") as tmp:
         log(f"writing {args.files} × {args.file_mib} MiB …")

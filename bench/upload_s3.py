@@ -27,6 +27,8 @@ how the target's "server that is not the bottleneck" is shown (srv/core near 0.2
 Target (issue 14): (a) at least as fast as (b) on a server that is not the bottleneck.
 Run: `.venv/bin/python bench/upload_s3.py [--rounds N] [--moto | --sink] [--files N --file-mib M]`
 (≈4 minutes for 3 rounds; about 2 GiB of temp disk per case and round, removed at the end).
+`--quick`: one round of 2 × 1 MiB on moto (or the sink with `--sink`), to check the
+script runs (the suite does).
 """
 
 from __future__ import annotations
@@ -43,12 +45,14 @@ from _support import (
     GiB,
     MiB,
     Sample,
+    add_quick,
     loadavg,
     log,
     machine,
     make_artifact,
     median,
     process_cpu,
+    quick_mode,
     read_all,
     run_measured,
     s3_server,
@@ -65,7 +69,10 @@ def main() -> None:  # noqa: PLR0915 - one linear script reads best
     parser.add_argument("--moto", action="store_true", help="use moto instead of s3rver")
     parser.add_argument("--sink", action="store_true",
                         help="use bench/s3sink.py (bodies thrown away) instead of s3rver")
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.rounds, args.files, args.file_mib = 1, 2, 1
 
     print(f"machine: {machine()}")
     with scratch("enginectl-upload-s3-") as tmp, \
