@@ -19,11 +19,12 @@ on the machine spreads over all of them:
 
 Target: xxh3-128 of a file from page cache ≥ 3 GB/s on one core (GB = 10⁹ bytes).
 Run: `.venv/bin/python bench/verify_speed.py` from the repository root (≈1 minute, 2 GiB of
-temp disk, removed afterwards).
+temp disk, removed afterwards; `--quick`: one round over 8 MiB, to check the script runs).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import mmap
 import os
@@ -31,7 +32,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
-from _support import GiB, MiB, log, machine, median, read_all, scratch, timed, write_random
+from _support import (
+    GiB,
+    MiB,
+    add_quick,
+    log,
+    machine,
+    median,
+    quick_mode,
+    read_all,
+    scratch,
+    timed,
+    write_random,
+)
 
 from registry.identity.digest import CHUNK, digest_file
 
@@ -65,46 +78,49 @@ def mmap_hash(path: Path) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_quick(parser)
+    size, runs = (8 * MiB, 1) if quick_mode(parser.parse_args().quick) else (SIZE, RUNS)
     print(f"machine: {machine()}")
-    print(f"file: {SIZE / GiB:.0f} GiB random bytes from page cache; CHUNK = {CHUNK // MiB} MiB; "
-          f"{RUNS} interleaved rounds; GB/s = 10^9 bytes/s\n")
+    print(f"file: {size / GiB:.2f} GiB random bytes from page cache; CHUNK = {CHUNK // MiB} MiB; "
+          f"{runs} interleaved rounds; GB/s = 10^9 bytes/s\n")
     with scratch("enginectl-verify-") as tmp:
         path = tmp / "big.bin"
-        log("writing 2 GiB …")
-        write_random(path, SIZE)
+        log(f"writing {size / GiB:.2f} GiB …")
+        write_random(path, size)
         read_all([path])
         read_all([path])
-        memory = os.urandom(256 * MiB)
+        memory = os.urandom(min(256 * MiB, size))
         cases: list[tuple[str, int, Callable[[], object]]] = [
-            ("digest_file(with_sha256=False, mapped=True)  [fetch]", SIZE,
+            ("digest_file(with_sha256=False, mapped=True)  [fetch]", size,
              lambda: digest_file(path, with_sha256=False, mapped=True)),
-            ("digest_file(with_sha256=False)  [read 1 MiB: publish]", SIZE,
+            ("digest_file(with_sha256=False)  [read 1 MiB: publish]", size,
              lambda: digest_file(path, with_sha256=False)),
-            ("raw xxh3_128, read(1 MiB)  [= publish's loop]", SIZE,
+            ("raw xxh3_128, read(1 MiB)  [= publish's loop]", size,
              lambda: read_hash(path, xxhash.xxh3_128, 1 * MiB)),
-            ("raw xxh3_128, read(16 MiB)", SIZE,
+            ("raw xxh3_128, read(16 MiB)", size,
              lambda: read_hash(path, xxhash.xxh3_128, 16 * MiB)),
-            ("raw xxh3_128, readinto(reused 256 KiB)", SIZE,
+            ("raw xxh3_128, readinto(reused 256 KiB)", size,
              lambda: readinto_hash(path, 256 << 10)),
-            ("raw xxh3_128, readinto(reused 1 MiB)", SIZE,
+            ("raw xxh3_128, readinto(reused 1 MiB)", size,
              lambda: readinto_hash(path, 1 * MiB)),
-            ("raw xxh3_128, readinto(reused 16 MiB)", SIZE,
+            ("raw xxh3_128, readinto(reused 16 MiB)", size,
              lambda: readinto_hash(path, 16 * MiB)),
-            ("raw xxh3_128 of an mmap of the file", SIZE, lambda: mmap_hash(path)),
-            ("xxh3_128 of 256 MiB in memory (no I/O)", len(memory),
+            ("raw xxh3_128 of an mmap of the file", size, lambda: mmap_hash(path)),
+            (f"xxh3_128 of {len(memory) // MiB} MiB in memory (no I/O)", len(memory),
              lambda: xxhash.xxh3_128(memory).digest()),
-            ("readinto(reused 1 MiB), no hash  [read ceiling]", SIZE,
+            ("readinto(reused 1 MiB), no hash  [read ceiling]", size,
              lambda: readinto_hash(path, 1 * MiB, hash_it=False)),
-            ("sha256 alone, read 1 MiB", SIZE,
+            ("sha256 alone, read 1 MiB", size,
              lambda: read_hash(path, hashlib.sha256, 1 * MiB)),
-            ("digest_file(path, mapped=True)  [xxh3+sha256 = strict]", SIZE,
+            ("digest_file(path, mapped=True)  [xxh3+sha256 = strict]", size,
              lambda: digest_file(path, mapped=True)),
-            ("digest_file(path)  [xxh3 + sha256, read loop: publish]", SIZE,
+            ("digest_file(path)  [xxh3 + sha256, read loop: publish]", size,
              lambda: digest_file(path)),
         ]
         times: dict[str, list[float]] = {label: [] for label, _, _ in cases}
-        for round_ in range(RUNS):
-            log(f"round {round_ + 1}/{RUNS}")
+        for round_ in range(runs):
+            log(f"round {round_ + 1}/{runs}")
             for label, _, action in cases:
                 times[label].append(timed(action))
         print(f"{'case':<56} {'median GB/s':>11} {'best GB/s':>10}")
