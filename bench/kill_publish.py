@@ -34,7 +34,8 @@ kill lands in downloads); SWAP: a warm cache, a target that already holds anothe
 Target: 0 failures. Run: `.venv/bin/python bench/kill_publish.py [--verb import|fetch]
 [--trials 50] [--backend file|s3pg] [--seed N]` from the repository root (import: ≈8
 minutes for 50 trials on the file backend, ≈7 for 20 on s3pg; temp data, servers and the
-schema are removed at the end).
+schema are removed at the end; `--quick`: one trial a half of 1–2 MB engines, to check the
+script runs; the suite runs it so for each verb).
 """
 
 from __future__ import annotations
@@ -54,7 +55,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _support import ENGINECTL, MiB, loadavg, log, machine, median, rmtree, s3_server, scratch
+import _support
+from _support import (
+    ENGINECTL,
+    MiB,
+    add_quick,
+    loadavg,
+    log,
+    machine,
+    median,
+    quick_mode,
+    rmtree,
+    s3_server,
+    scratch,
+)
 
 ENGINE_MB = (50, 200)
 IMPORT_ARGS = ["--kind", "trtllm-engine", "--model", "m", "--gpu", "h100", "--tp", "2",
@@ -262,7 +276,7 @@ def typical_duration(kind: str, tmp: Path, rng: random.Random) -> tuple[float, f
     firsts, again = [], []
     with ExitStack() as stack, backend_env(kind, tmp / "probe", stack) as env:
         (tmp / "probe").mkdir(exist_ok=True)
-        for i in range(4):
+        for i in range(2 if _support.QUICK else 4):
             engine = tmp / "probe" / f"engine{i}"
             make_engine(engine, rng)
             first = import_once(engine, env)
@@ -279,13 +293,15 @@ def typical_duration(kind: str, tmp: Path, rng: random.Random) -> tuple[float, f
 
 
 def tree_digests(root: Path) -> dict[str, str] | None:
-    """Relative path -> xxh3-128 of every file under *root* (None when it does not exist)."""
+    """Relative path -> xxh3-128 of every file under *root* (None when it does not exist),
+    but the marker a fetch leaves beside the artifact's files (not its content)."""
     from registry.identity.digest import digest_file
+    from registry.identity.manifest import FILL_MARKER
 
     if not root.exists():
         return None
     return {p.relative_to(root).as_posix(): str(digest_file(p, with_sha256=False).xxh3)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != FILL_MARKER}
 
 
 def manifest_digests(home: Home, digest: str) -> dict[str, str]:
@@ -372,7 +388,7 @@ def fetch_main(args: argparse.Namespace, rng: random.Random, tmp: Path) -> dict[
             rmtree(engine)
         new, old = digests
         probe = [timed_fetch(env, new, tmp / f"probe{i}", tmp / f"probe-cache{i}")
-                 for i in range(3)]
+                 for i in range(1 if _support.QUICK else 3)]
         cold = median(probe)
         print(f"typical cold fetch: {cold:.2f} s (median of 3, whole process; load {loadavg()})")
         for half in ("COLD", "SWAP"):
@@ -422,7 +438,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--backend", choices=("file", "s3pg"), default="file")
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        global ENGINE_MB
+        args.trials, ENGINE_MB = 2, (1, 2)
     rng = random.Random(args.seed)  # noqa: S311 - kill moments and test bytes, not secrets
     print(f"machine: {machine()}")
     if args.verb == "fetch":
