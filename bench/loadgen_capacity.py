@@ -4,7 +4,8 @@ Target: run_level sustains ≥ 10× the request rate the tiny CPU server serves,
 against a trivial local HTTP endpoint, at concurrency 1, 4 and 16.
 Run: `.venv/bin/python bench/loadgen_capacity.py [--requests 400] [--vllm-requests 24]`
 from the repository root (≈2 min on 2 cores; the vLLM part is skipped with a message when
-`scripts/install-vllm --check` fails).
+`scripts/install-vllm --check` fails; `--quick`: 10 requests a level, no vLLM, to check the
+script runs).
 
 Endpoints, one at a time, each in its own process on 127.0.0.1:
     minimal   an asyncio stdlib server (below) that answers any POST with one fixed, prebuilt
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from _support import exit_on_signals, loadavg, log, machine, process_cpu
+from _support import add_quick, exit_on_signals, loadavg, log, machine, process_cpu, quick_mode
 from smoke_overhead import (
     SERVED_NAME,
     VLLM_ENV,
@@ -153,7 +154,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400, help="per level, trivial endpoints")
     parser.add_argument("--vllm-requests", type=int, default=24, help="per level, vLLM")
+    add_quick(parser)
     args = parser.parse_args()
+    quick = quick_mode(args.quick)
+    warm = 2 if quick else 20
+    if quick:
+        args.requests = 10
     exit_on_signals()
     print(f"machine: {machine()}; load average before: {loadavg()}")
     rows: list[dict[str, Any]] = []
@@ -162,10 +168,10 @@ def main() -> int:
         model_dir = workdir / "fake-model"
         model_dir.mkdir()
         with minimal_server() as (client, pid):
-            rows += measure(client, pid, "minimal", args.requests, 20)
+            rows += measure(client, pid, "minimal", args.requests, warm)
         with smoke_server(fake_template(), model_dir, workdir, None, "fake") as (client, pid):
-            rows += measure(client, pid, "fake", args.requests, 20)
-        python = vllm_python()
+            rows += measure(client, pid, "fake", args.requests, warm)
+        python = None if quick else vllm_python()  # quick: no vLLM start (~40 CPU-s)
         if python is not None:
             with smoke_server(vllm_template(python), tiny_model(), workdir, VLLM_ENV,
                               "vllm") as (client, pid):

@@ -3,7 +3,8 @@
 Target: smoke overhead beyond the server's own start-up < 2 s for the tiny model.
 Run: `.venv/bin/python bench/smoke_overhead.py [--fake-runs 5] [--vllm-runs 1]` from the
 repository root (≈1.5 min per vLLM run on 2 cores; the vLLM part is skipped with a message
-when `scripts/install-vllm --check` fails).
+when `scripts/install-vllm --check` fails; `--quick`: one run on the stand-in, no vLLM, to
+check the script runs).
 
 `smoke()` runs with a tiny load (1 prompt, max_tokens 4, concurrency [1], 1 request) against
 (a) vLLM's CPU build serving the tiny Llama (scripts/make_tiny_model.py, made once under
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _support import CACHE, exit_on_signals, loadavg, log, machine
+from _support import CACHE, add_quick, exit_on_signals, loadavg, log, machine, quick_mode
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import SmokeSettings, VllmServe
@@ -253,7 +254,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fake-runs", type=int, default=5)
     parser.add_argument("--vllm-runs", type=int, default=1)
+    add_quick(parser)
     args = parser.parse_args()
+    if quick_mode(args.quick):
+        args.fake_runs, args.vllm_runs = 1, 0  # no vLLM start (~40 CPU-s)
     exit_on_signals()
     print(f"machine: {machine()}; load average before: {loadavg()}")
     with tempfile.TemporaryDirectory(prefix="smoke-overhead-") as tmp:

