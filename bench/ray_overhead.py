@@ -16,11 +16,13 @@ start excluded); a 200-target plan preflighted and its stage runs submitted in u
    probe both pools, and to submit all 200 engine builds (their inputs do not exist, so they
    fail on the nodes; only submission is timed), then cancel them.
 
-Run: `.venv/bin/python bench/ray_overhead.py` from the repository root (about a minute).
+Run: `.venv/bin/python bench/ray_overhead.py` from the repository root (about a minute;
+`--quick`: a head and an H100 node, 4 entries and 4 engines, to check the script runs).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -70,7 +72,7 @@ def start_cluster(tmp: Path, gpu_nodes: dict[str, dict[str, Any]]) -> Any:
 
 
 def recipe(tmp: Path, **matrix: Any) -> Path:
-    from tests.ray.conftest import make_model
+    from tests.integration.builds import make_model
 
     make_model(tmp / "model")
     serve = matrix.pop("serve", None) or {"trtllm": {}}
@@ -113,7 +115,7 @@ class Timed:
         self.backend.stop()
 
 
-def overhead(tmp: Path) -> dict[str, float]:
+def overhead(tmp: Path, *, entries: int = 30) -> dict[str, float]:
     from pipeline.executors import ray as ray_executor
     from pipeline.executors import ray_cluster
     from pipeline.executors.dag import walk
@@ -124,7 +126,7 @@ def overhead(tmp: Path) -> dict[str, float]:
     from registry.config import RegistryConfig
     from registry.context import Context
 
-    path = recipe(tmp, gpu=["cpu"], shape=shapes(30), serve={"vllm": {}})
+    path = recipe(tmp, gpu=["cpu"], shape=shapes(entries), serve={"vllm": {}})
     loaded = load_recipe(path)
     results = {}
     for kind in ("local", "ray"):
@@ -160,9 +162,11 @@ def overhead(tmp: Path) -> dict[str, float]:
     return {"more_ms": more * 1000}
 
 
-def submit_200(tmp: Path) -> None:
+def submit_200(tmp: Path, *, gpus: tuple[str, ...] = ("h100", "l40s"),
+               count: int = 50) -> None:
     from pipeline.executors import ray as ray_executor
     from pipeline.executors import ray_cluster
+    from pipeline.executors.groups import plan_groups
     from pipeline.executors.local import owner_id
     from pipeline.executors.pools import fleet_of, missing, nodes_from_ray
     from pipeline.executors.ray_build import pool_toolchains
@@ -172,7 +176,7 @@ def submit_200(tmp: Path) -> None:
     from registry.config import RegistryConfig
     from registry.context import Context
 
-    path = recipe(tmp, gpu=["h100", "l40s"], tp=[1, 2], shape=shapes(50))
+    path = recipe(tmp, gpu=list(gpus), tp=[1, 2], shape=shapes(count))
     os.environ["ENGINECTL_HOME"] = str(tmp / "driver-200")
     ctx = Context(RegistryConfig.from_env())
     ray_cluster.connect("auto", ctx.config)
@@ -185,7 +189,8 @@ def submit_200(tmp: Path) -> None:
     preflighted = time.monotonic()
     probes = ray_executor.probe_pools({sku: p.nodes for sku, p in fleet.pools.items()},
                                       timeout_s=120)
-    plan = plan_recipe(loaded, settings, pool_toolchains(loaded, probes))
+    default, keyed, _notes = pool_toolchains(loaded, probes)
+    plan = plan_groups(loaded, settings, default, keyed).plan
     probed = time.monotonic()
     builds = [run for run in plan.stages.values() if run.kind == "trtllm-engine"]
     with ray_executor.backend(plan, ctx, owner=owner_id()) as remote:
@@ -202,13 +207,19 @@ def submit_200(tmp: Path) -> None:
 
 
 def main() -> None:
+    from _support import add_quick, quick_mode
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_quick(parser)
+    quick = quick_mode(parser.parse_args().quick)
     with tempfile.TemporaryDirectory(prefix="ray-bench-") as name:
         tmp = Path(name)
-        cluster = start_cluster(tmp / "nodes", {"h100": H100, "l40s": L40S})
+        nodes = {"h100": H100} if quick else {"h100": H100, "l40s": L40S}
+        cluster = start_cluster(tmp / "nodes", nodes)
         os.environ["RAY_ADDRESS"] = cluster.address
         try:
-            overhead(tmp / "overhead")
-            submit_200(tmp / "submit")
+            overhead(tmp / "overhead", entries=4 if quick else 30)
+            submit_200(tmp / "submit", gpus=tuple(nodes), count=2 if quick else 50)
         finally:
             cluster.shutdown()
 
