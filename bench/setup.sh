@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Install the tools the benchmarks compare against, outside the repository, ahead of time.
-# The scripts do the same on first use (bench/_support.py); this only saves that wait.
+# Install what the benchmarks need: the project's .venv (scripts/bootstrap: enginectl, moto,
+# Ray, psycopg; scripts/install-quantize: torch, transformers and tokenizers, for the tiny
+# Llama of warm_start.py and smoke_overhead.py), then the tools they compare against,
+# outside the repository, ahead of time. The scripts install those on first use
+# (bench/_support.py); this only saves that wait. Their short mode (`--quick`,
+# scripts/bench-quick) needs the .venv alone.
 #
 #   $ENGINECTL_BENCH_CACHE (default ~/.cache/enginectl-bench)
 #     npm/    npm `s3rver` (S3-compatible server)       fetch_s3.py, kill_publish.py --backend s3pg
@@ -9,6 +13,10 @@
 #
 # Needs node/npm and python3; talks only to the npm registry and PyPI.
 set -euo pipefail
+
+here="$(cd "$(dirname "$0")/.." && pwd)"
+"$here/scripts/bootstrap"
+"$here/scripts/install-quantize"
 
 cache="${ENGINECTL_BENCH_CACHE:-$HOME/.cache/enginectl-bench}"
 mkdir -p "$cache"
