@@ -16,9 +16,14 @@ import pytest
 
 from registry.config import RegistryConfig
 from registry.context import Context
+from registry.errors import DiskFullError
+from registry.ops.adopt import import_artifact
+from registry.ops.fetch import fetch
 from registry.ops.marker import MARKER, MARKER_SCHEMA, SERVE_FILE
 from registry.sql import records
 from tests.deploy.user_cli import SERVER, run, snapshot
+from tests.integration.engines import engine_spec, make_engine
+from tests.integration.s3server import S3Server
 
 
 def mount_tmpfs(path: Path, size: str = "16m") -> bool:
@@ -231,3 +236,31 @@ def test_a_directory_pulled_before_markers_recorded_their_sources_is_replaced(
     assert json.loads((target / SERVE_FILE).read_text())["digest"] == user["ENGINE_A"]
     assert not (target / "model.safetensors").exists()
     assert outside(tmp_path, target) == before
+
+
+def test_a_full_fetch_cache_on_s3_is_exit_4_naming_it(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Downloads from S3 (ranged GETs into the cache's temp files) into a full disk: the
+    fetch cache named, a DiskFullError (exit 4), not an unexpected OSError."""
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, size="64k"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        def config(cache: Path) -> RegistryConfig:
+            return RegistryConfig(
+                home=tmp_path / "home", store_url=f"s3://{s3_bucket}/full",
+                s3_endpoint_url=s3_server.endpoint_url,
+                registry_url=f"sqlite:///{tmp_path / 'r.db'}", cache_dir=cache)
+
+        with Context(config(tmp_path / "cache0")) as ctx:
+            digest = import_artifact(ctx, make_engine(tmp_path / "engine"),
+                                     engine_spec()).digest
+        with Context(config(small / "cache")) as ctx, \
+                pytest.raises(DiskFullError, match="the fetch cache") as caught:
+            fetch(ctx, digest, tmp_path / "out")
+        assert caught.value.exit_code == 4
+        assert caught.value.path == small / "cache"
+        assert not (tmp_path / "out").exists()
+    finally:
+        unmount(small)
