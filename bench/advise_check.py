@@ -15,6 +15,10 @@ with a message when `scripts/install-vllm --check` fails).
 3. A second server, a new schedule (another seed): `run_rate` at the advised capacity and at
    1.5× it, --check-duration s each. The claim holds when TTFT p95 is within the objective at
    the capacity and beyond it at 1.5×.
+
+`--quick` checks that the script runs, in seconds and without vLLM: the same three steps
+against the stdlib stand-in server (tests/fakes/openai_server.py), two rates of a second each;
+its verdict means nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from _support import ENGINECTL, exit_on_signals, loadavg, log, machine
-from smoke_overhead import VLLM_ENV, tiny_model, vllm_python, vllm_template
+from _support import ENGINECTL, add_quick, exit_on_signals, loadavg, log, machine, quick_mode
+from smoke_overhead import VLLM_ENV, fake_template, tiny_model, vllm_python, vllm_template
 
 from pipeline.recipe.schema import CapacitySettings, SmokeSettings
 from pipeline.serving.checks import load_body
@@ -53,13 +57,28 @@ def main() -> None:
     parser.add_argument("--check-duration", type=float, default=30.0,
                         help="s of each check run")
     parser.add_argument("--max-tokens", type=int, default=16)
+    add_quick(parser)
     args = parser.parse_args()
     exit_on_signals()
-    python = vllm_python()
-    if python is None:
-        return
-    model = tiny_model()
-    template = vllm_template(python)
+    quick = quick_mode(args.quick)
+    if quick:
+        args.rates, args.duration, args.check_duration = "4,8", 1.0, 1.0
+    with tempfile.TemporaryDirectory(prefix="advise-check-") as tmp:
+        if quick:  # the stand-in answers at once: a config.json makes a model of a folder
+            model = Path(tmp) / "model"
+            model.mkdir()
+            (model / "config.json").write_text('{"model_type": "llama"}')
+            check(args, fake_template(), model, Path(tmp) / "work")
+            return
+        python = vllm_python()
+        if python is None:
+            return
+        check(args, vllm_template(python), tiny_model(), Path(tmp) / "work")
+
+
+def check(args: argparse.Namespace, template: list[str], model: Path, work: Path) -> None:
+    """The three steps with the server *template* serving *model*, scratch under *work*."""
+    work.mkdir()
     rates = [float(r) for r in args.rates.split(",")]
     settings = SmokeSettings(
         prompts=PROMPTS, max_tokens=args.max_tokens, concurrency=[1], requests=4,
@@ -67,50 +86,48 @@ def main() -> None:
         capacity=CapacitySettings(rates=rates, duration_s=args.duration,
                                   ttft_p95_ms=4 * args.slo_ms, tpot_p95_ms=10_000))
     log(f"machine: {machine()}; load average {loadavg()}")
-    with tempfile.TemporaryDirectory(prefix="advise-check-") as tmp:
-        work = Path(tmp)
-        log("1. smoke with the capacity curve ...")
-        report = smoke(template, model_dir=model, served_name=MODEL, settings=settings,
-                       max_input_len=128, price_per_hour=0.10, log_path=work / "smoke.log",
-                       env=VLLM_ENV)
-        if not report.passed or report.capacity is None:
-            sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
-        log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s")
-        for p in report.capacity.points:
-            log(f"   {p.rate:5g} {p.sent:5d} {p.errors:6d}  {_ms(p.ttft_p50_s):>7} / "
-                f"{_ms(p.ttft_p95_s):>6}  {_ms(p.tpot_p95_s):>10}  {p.output_tokens_per_s:8.1f}")
-        log(f"   stopped: {report.capacity.stopped}")
+    log("1. smoke with the capacity curve ...")
+    report = smoke(template, model_dir=model, served_name=MODEL, settings=settings,
+                   max_input_len=128, price_per_hour=0.10, log_path=work / "smoke.log",
+                   env=VLLM_ENV)
+    if not report.passed or report.capacity is None:
+        sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
+    log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s")
+    for p in report.capacity.points:
+        log(f"   {p.rate:5g} {p.sent:5d} {p.errors:6d}  {_ms(p.ttft_p50_s):>7} / "
+            f"{_ms(p.ttft_p95_s):>6}  {_ms(p.tpot_p95_s):>10}  {p.output_tokens_per_s:8.1f}")
+    log(f"   stopped: {report.capacity.stopped}")
 
-        home = work / "home"
-        ctx = Context(RegistryConfig.from_env({"ENGINECTL_HOME": str(home)}))
-        try:
-            digest = import_artifact(ctx, model, ImportSpec(
-                kind="vllm", model=MODEL, quant="bf16", status="built")).digest
-            history.record_smoke(ctx, digest, True, report.as_dict(), status="ready",
-                                 gpu="CPU", toolchain={"vllm": "0.32.0"})
-        finally:
-            ctx.close()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
-        done = subprocess.run(
-            [ENGINECTL, "advise", "--model", MODEL, "--ttft-p95", f"{args.slo_ms:g}ms",
-             "--rate", "1/s", "--json"], env={**env, "ENGINECTL_HOME": str(home)},
-            capture_output=True, text=True, check=False, timeout=120)
-        if done.returncode != 0:
-            sys.exit(f"2. advise exit {done.returncode}: {done.stderr.strip()}")
-        (row,) = json.loads(done.stdout)["ranked"]
-        capacity = float(row["capacity_rps"])
-        log(f"2. advise: capacity {capacity:.2f} requests/s at TTFT p95 {args.slo_ms:g} ms"
-            + (" (a lower bound: every rate held)" if row["capacity_is_lower_bound"] else ""))
+    home = work / "home"
+    ctx = Context(RegistryConfig.from_env({"ENGINECTL_HOME": str(home)}))
+    try:
+        digest = import_artifact(ctx, model, ImportSpec(
+            kind="vllm", model=MODEL, quant="bf16", status="built")).digest
+        history.record_smoke(ctx, digest, True, report.as_dict(), status="ready",
+                             gpu="CPU", toolchain={"vllm": "0.32.0"})
+    finally:
+        ctx.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+    done = subprocess.run(
+        [ENGINECTL, "advise", "--model", MODEL, "--ttft-p95", f"{args.slo_ms:g}ms",
+         "--rate", "1/s", "--json"], env={**env, "ENGINECTL_HOME": str(home)},
+        capture_output=True, text=True, check=False, timeout=120)
+    if done.returncode != 0:
+        sys.exit(f"2. advise exit {done.returncode}: {done.stderr.strip()}")
+    (row,) = json.loads(done.stdout)["ranked"]
+    capacity = float(row["capacity_rps"])
+    log(f"2. advise: capacity {capacity:.2f} requests/s at TTFT p95 {args.slo_ms:g} ms"
+        + (" (a lower bound: every rate held)" if row["capacity_is_lower_bound"] else ""))
 
-        log("3. check runs on a second server ...")
-        check = settings.model_copy(update={"capacity": None})
-        with serving(template, model_dir=model, served_name=MODEL, settings=check,
-                     log_path=work / "check.log", env={**VLLM_ENV, "BENCH": uuid.uuid4().hex}
-                     ) as ready:
-            body = load_body(ready.client, MODEL, check)
-            found = [(rate, run_rate(ready.client, body, PROMPTS, rate=rate,
-                                     duration_s=args.check_duration, seed=7))
-                     for rate in (capacity, 1.5 * capacity)]
+    log("3. check runs on a second server ...")
+    check = settings.model_copy(update={"capacity": None})
+    with serving(template, model_dir=model, served_name=MODEL, settings=check,
+                 log_path=work / "check.log", env={**VLLM_ENV, "BENCH": uuid.uuid4().hex}
+                 ) as ready:
+        body = load_body(ready.client, MODEL, check)
+        found = [(rate, run_rate(ready.client, body, PROMPTS, rate=rate,
+                                 duration_s=args.check_duration, seed=7))
+                 for rate in (capacity, 1.5 * capacity)]
     slo = args.slo_ms / 1000
     for label, (rate, p) in zip(("capacity", "1.5 × capacity"), found, strict=True):
         ok = p.errors == 0 and p.ttft_p95_s is not None and p.ttft_p95_s <= slo

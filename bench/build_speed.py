@@ -77,6 +77,7 @@ def overhead(tmp: Path, *, quick: bool = False) -> None:
                                      env=env, capture_output=True, text=True, check=True).stdout)
     tool_time = 0.0
     scratch = tmp / "direct"
+    scratch.mkdir()
     for stage in plan["stages"]:
         if stage["stage"] in ("convert", "build") and stage["argv"]:
             argv = [a.replace(str(tmp / "home" / "work"), str(scratch)) for a in stage["argv"]]
@@ -87,8 +88,8 @@ def overhead(tmp: Path, *, quick: bool = False) -> None:
                     argv[i + 1] = str(scratch / ("ckpt" if stage["stage"] == "convert" else "eng"))
                 if arg == "--model_dir":
                     argv[i + 1] = str(tmp / "model")
-            t0 = time.perf_counter()
-            subprocess.run(argv, env=env, check=True, capture_output=True)
+            t0 = time.perf_counter()  # in scratch: trtllm-build writes ./model.cache
+            subprocess.run(argv, env=env, check=True, capture_output=True, cwd=scratch)
             tool_time += time.perf_counter() - t0
     tool_stages = sum(1 for s in stages if s["stage"] in ("convert", "build"))
     print(f"built {len(stages)} stage runs ({tool_stages} with a tool) in {wall:.2f} s wall")
