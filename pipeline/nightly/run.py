@@ -243,9 +243,10 @@ def _record_broken(ctx: Context, run_id: int | None, keeper: LeaseKeeper | None,
     why = exc if keeper is None or keeper.lost is None else keeper.lost_error()
     if run_id is not None:
         cancelled = isinstance(why, BuildCancelledError | KeyboardInterrupt)
+        code = 130 if cancelled else why.exit_code if isinstance(why, EnginectlError) else 1
         with ctx.registry.session() as session:
             nightly_runs.finish(session, run_id, status="cancelled" if cancelled else "failed",
-                                exit_code=130 if cancelled else 1,
+                                exit_code=code,
                                 report={"error": " ".join(str(why).split())})
     if why is not exc:
         raise why from exc
