@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from registry.errors import ManifestError, UsageError
 from registry.gpus import lookup_gpu
 from registry.identity.manifest import KINDS, Manifest
+from registry.identity.refs import check_ref
 from registry.ops.publish import Published, publish, scan_directory
 from registry.sql.records import ArtifactStatus
 from registry.tokenizer import HF_CONFIG, TOKENIZER_DIR, TOKENIZER_FILES, tokenizer_entries
@@ -171,8 +172,13 @@ def _check_tokenizer(root: Path, spec: ImportSpec) -> Path | None:
     if given is None:
         return None
     directory = Path(given)
-    if not directory.is_dir():
-        return None  # a REF, resolved once the registry is open
+    if not directory.is_dir():  # a REF, resolved once the registry is open
+        try:
+            check_ref(given)
+        except UsageError as exc:
+            raise UsageError(f"--tokenizer-from {given!r} is neither a directory nor a REF: "
+                             f"{exc}") from exc
+        return None
     try:
         config = json.loads((directory / HF_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

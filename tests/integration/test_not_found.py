@@ -197,3 +197,13 @@ def test_a_ref_of_no_known_form_is_a_usage_error_naming_the_forms(
         assert "12 or more hex digits" in line, line
         assert "an alias (e.g. llama70b/h100/prod)" in line, line
     assert not Path(home["OUT"]).exists()
+
+
+def test_a_tokenizer_from_that_is_no_directory_nor_ref_is_a_usage_error(
+    home: dict[str, str], tmp_path: Path,
+) -> None:
+    engine = make_engine(tmp_path / "engine", tp=1)
+    line = run(home, "import", str(engine), "--kind", "trtllm-engine", "--model", "llama",
+               "--gpu", "h100", "--tokenizer-from", str(tmp_path / "no such dir"), code=2)
+    assert "is neither a directory nor a REF" in line, line
+    assert "a digest (sha256:<64 hex>)" in line, line
