@@ -29,6 +29,7 @@ from registry.identity.layout import blob_name
 from registry.ops.damage import judge_object, set_aside, set_aside_damaged_manifest
 from registry.ops.fetch import load_manifest
 from registry.sql import records
+from registry.sql.refit_evidence import refit_sources
 from registry.workers import WORKERS, Workers
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ class Problem:
 @dataclass
 class Checked:
     checked: int = 0
-    """Artifacts checked (every one that is not deleted)."""
+    """Artifacts checked (every one that is not deleted, and the refit sources of stripped
+    engines)."""
     problems: list[Problem] = field(default_factory=list)
     repairs: list[str] = field(default_factory=list)
     """What `repair` did, one line each."""
@@ -68,10 +70,17 @@ class _Blob:
 
 def fsck(ctx: Context, *, verify_blobs: bool = True, repair: bool = False,
          progress: Progress | None = None) -> Checked:
-    """Check every artifact that is not deleted; with *repair*, fix what can be fixed."""
+    """Check every artifact that is not deleted, and every checkpoint a weight-stripped
+    engine that is not deleted is refitted from; with *repair*, fix what can be fixed."""
     result = Checked()
     with ctx.registry.session(readonly=True) as session:
-        artifacts = [r for r in records.list_artifacts(session) if r.status != "deleted"]
+        every = {r.digest: r for r in records.list_artifacts(session)}
+        needed = refit_sources(session)
+    artifacts = [r for r in every.values() if r.status != "deleted" or r.digest in needed]
+    for source, engines in sorted(needed.items()):  # stripped engines serve only with these
+        if source not in every:
+            result.problems += [Problem(engine, f"its refit source {source} is not in the "
+                                        "registry") for engine in engines]
     result.checked = len(artifacts)
     blobs = _manifests(ctx, artifacts, result, repair=repair)
     absent = ctx.store.missing_blobs({d: b.size for d, b in blobs.items()})

@@ -7,6 +7,8 @@ Kept, always:
   `keep_superseded` (default 3) others each alias pointed at before (alias history: what was
   prod stays fetchable by digest, and `enginectl rollback` has somewhere to go), even once
   deleted;
+- every blob and the manifest of the checkpoint a weight-stripped engine that is not deleted
+  is refitted from (its `refit_source`), even once that checkpoint is deleted;
 - every blob history references: stage run logs (`stage_runs.log_location`) and smoke logs
   (a smoke report's `log`), which `enginectl logs` reads;
 - every blob of a publish in progress (a live `pending_publishes` row);
@@ -44,6 +46,7 @@ from registry.ops.damage import iter_damaged
 from registry.ops.fetch import load_manifest
 from registry.sql import alias_records, records
 from registry.sql.pending import drop_expired, live_pending_blobs
+from registry.sql.refit_evidence import refit_sources
 
 if TYPE_CHECKING:
     from registry.context import Context
@@ -143,6 +146,7 @@ class Collector:
             live = records.referenced_digests(session)
             keep = {Digest.parse(d) for d in records.referenced_blobs(session)}
             historic = alias_records.aliased_in_history(session, self.keep_superseded)
+            historic |= set(refit_sources(session))  # what stripped engines refit from
             kept_deleted = [r for r in records.list_artifacts(session, status="deleted")
                             if r.digest in historic]
             deleted = {r.digest for r in records.list_artifacts(session, status="deleted")}

@@ -40,3 +40,16 @@ def held_back(record: records.ArtifactRecord | None, *, model: str | None, quant
         return f"no refit-equivalence evidence for {tuple_said} yet"
     return (f"refit-equivalence of {tuple_said} failed ({record.digest[:19]}: "
             f"{record.status_reason}); rebuild with --force to compare again")
+
+
+def refit_sources(session: Session) -> dict[str, list[str]]:
+    """The checkpoints that weight-stripped engines not deleted are refitted from (their
+    `refit_source` label): checkpoint digest -> those engines. gc keeps them, whatever their
+    own status, and fsck checks them."""
+    needed: dict[str, list[str]] = {}
+    for record in records.list_artifacts(session, kind="trtllm-engine"):
+        source = record.labels.get("refit_source")
+        if record.status != "deleted" and record.labels.get("strip_plan") is True \
+                and isinstance(source, str):
+            needed.setdefault(source, []).append(record.digest)
+    return needed

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from registry.sql.db import open_registry
-from registry.sql.records import ArtifactRecord, list_artifacts
+from registry.sql.records import ArtifactRecord, list_artifacts, mark_deleted
 from tests.fakes.weights import read_engine
 from tests.helpers import builder_env, fake_gpu
 from tests.helpers import enginectl as cli
@@ -95,6 +95,7 @@ def test_stripped_engines_smoke_refitted_and_the_first_is_compared_whole(
     compared = cli(env, "compare", "--model", "toy").stdout
     assert f"refit-equivalence {evidence.digest[:19]}" in compared
     pull_each_shape(tmp_path, env, engines, checkpoint)
+    gc_and_fsck_keep_the_refit_source(tmp_path, env, registry_url, engines[0], checkpoint)
 
 
 def pull_each_shape(tmp_path: Path, env: dict[str, str], engines: list[ArtifactRecord],
@@ -159,3 +160,23 @@ def test_a_refit_that_fails_quarantines_the_engine(
     assert engine.status == "quarantined"
     assert "trtllm-refit exited 1" in (engine.status_reason or "")
     assert not artifacts(registry_url, "refit-equivalence")
+
+
+def gc_and_fsck_keep_the_refit_source(tmp_path: Path, env: dict[str, str], url: str,
+                                      engine: ArtifactRecord,
+                                      checkpoint: ArtifactRecord) -> None:
+    """The checkpoint deleted (as by hand), gc still keeps it for the stripped engines, a
+    fresh node still refits from it, and fsck checks it."""
+    with open_registry(url) as registry, registry.session() as session:
+        mark_deleted(session, checkpoint.digest, "deleted by hand")
+    cli(env, "gc", "--grace", "0s")
+    fresh = {**env, "ENGINECTL_CACHE_DIR": str(tmp_path / "fresh-cache")}
+    assert pulled(fresh, engine.digest, tmp_path / "c")["refit"]["seconds"] is not None
+    cli(env, "fsck")
+    weights = next(f for f in checkpoint.files if f.path == "rank0.safetensors")
+    hexed = str(weights.xxh3).partition(":")[2]
+    blob = tmp_path / "home" / "store" / "blobs" / "xxh3-128" / hexed[:2] / hexed[2:]
+    blob.chmod(0o644)
+    blob.unlink()
+    said = cli(env, "fsck", code=4).stdout
+    assert f"{checkpoint.digest}: rank0.safetensors: blob {weights.xxh3} is missing" in said
