@@ -10,11 +10,14 @@ leases' time, else the window). What a retry repeats is safe to repeat:
 - A statement outside a transaction (autocommit) is repeated only when it reads (SELECT,
   WITH, SHOW).
 - In a transaction, nothing was committed when the connection broke (the server rolls the
-  transaction back), so the statements it ran so far are run again, in order, on the new
-  connection, and each must answer exactly as it did the first time (the same rows, the
-  same row count): the caller's decisions were made on those answers, so the transaction
-  is the one it would have run. An answer that differs (another writer came between, a
-  serial id drawn again) ends the retry with the original error: nothing of it landed.
+  transaction back), so the statements it ran so far that write or lock are run again, in
+  order, on the new connection, and each must answer exactly as it did the first time (the
+  same rows, the same row count; a serial id an INSERT draws anew is mapped to the first,
+  `registry.sql.replay`): the caller's decisions were made on those answers, so the
+  transaction is one it could have run. Plain reads are not run again: under READ
+  COMMITTED (the registry's level) each saw the database as of its own statement, which a
+  read earlier in a transaction may always be. An answer that differs (another writer came
+  between) ends the retry with the original error: nothing of it landed.
 - A COMMIT whose answer was lost may or may not have landed. Before it is sent, a write
   transaction's id is read (`pg_current_xact_id_if_assigned`); after a fault the new
   connection asks the server what became of that id (`pg_xact_status`): committed is done,
@@ -201,7 +204,11 @@ class ResilientConnection:
                 setattr(fresh, name, self._settings[name])
         ids = _Ids()
         object.__setattr__(self, "_ids", ids)
+        strict = getattr(self._settings.get("isolation_level"), "name", "READ_COMMITTED") \
+            not in ("READ_COMMITTED", "READ_UNCOMMITTED")
         for step in self._steps if replay else ():
+            if not strict and _plain_read(step.sql):
+                continue  # seen as of its own time, which READ COMMITTED allows any read
             cursor = fresh.cursor()
             try:
                 again = _ask(cursor, step.method, step.sql, ids.forth(step.params), step.kwargs)
@@ -251,6 +258,12 @@ def _raising_once(exc: BaseException, then: Callable[[], Any]) -> Callable[[], A
             raise exc
         return then()
     return attempt
+
+
+def _plain_read(sql: Any) -> bool:
+    """A statement that neither writes nor locks (a SELECT, not FOR UPDATE/SHARE)."""
+    text = str(sql)
+    return _READ.match(text) is not None and _WRITES.search(text) is None
 
 
 class ResilientCursor:

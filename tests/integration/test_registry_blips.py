@@ -2,10 +2,12 @@
 TCP proxy (tests/integration/tcp_proxy.py) that cuts every connection again and again, or
 refuses connections for a while, under `enginectl build` on TensorRT-LLM's stand-ins. Every
 registry call retries the fault (`registry.sql.resilient`); one that outlasts the lease
-stops the stage and says which lease it lost."""
+stops the stage and says which lease it lost. A pull and a nightly ride them out the same
+way."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import builder_env
 from tests.integration.builds import (
     GUARD_S,
@@ -145,3 +148,60 @@ def test_two_builders_of_one_key_ride_out_cuts_every_1_5_s(
     built = sorted(counts(out)["built"] for out, _ in outs)
     assert built[0] < built[1], outs
     assert len(engines(postgres_url)) == 1
+
+
+@pytest.fixture
+def pulled(tmp_path: Path, postgres_url: str, proxy: TcpProxy) -> dict[str, str]:
+    """A ready engine of model 'm' on H100, tagged m/prod (registered past the proxy), and a
+    deploy node's environment whose registry is behind it."""
+    from tests.integration.engines import make_engine
+
+    env = {**builder_env(tmp_path, postgres_url), "ENGINECTL_CACHE_DIR": str(tmp_path / "cache")}
+    engine = make_engine(tmp_path / "engine", tp=1)
+    done = run_cli([ENGINECTL, "import", str(engine), "--kind", "trtllm-engine", "--model", "m",
+                    "--gpu", "h100", "--ready", "--json"], env=env, timeout=GUARD_S)
+    assert done.returncode == 0, done.stderr
+    tagged = run_cli([ENGINECTL, "tag", json.loads(done.stdout)["digest"], "m/prod"], env=env,
+                     timeout=GUARD_S)
+    assert tagged.returncode == 0, tagged.stderr
+    return {**env, "ENGINECTL_REGISTRY_URL": proxy.url(postgres_url)}
+
+
+@pytest.mark.parametrize("ref", [["m/prod"], ["--model", "m", "--gpu", "h100",
+                                              "--allow-unproven"]])
+def test_a_pull_rides_out_3_s_of_refused_connections(
+    pulled: dict[str, str], tmp_path: Path, proxy: TcpProxy, ref: list[str]
+) -> None:
+    """A deploy node's pull starts while the registry refuses connections for 3 s: it
+    waits (by REF: the driver-only read; by model: the ORM's resolve) and places the
+    engine."""
+    refusing = threading.Thread(target=proxy.refuse, args=(3.0,))
+    refusing.start()
+    try:
+        while not proxy.refusing:
+            threading.Event().wait(0.01)
+        done = run_cli([ENGINECTL, "pull", *ref, "-o", str(tmp_path / "out")], env=pulled,
+                       timeout=GUARD_S)
+    finally:
+        refusing.join()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "rank0.engine").is_file()
+
+
+def test_a_nightly_rides_out_connections_cut_every_0_7_s(
+    tmp_path: Path, postgres_url: str, proxy: TcpProxy
+) -> None:
+    """After a driver bump, a nightly (its lease, probe, rebuild, smoke, gate, promotion and
+    run record) with every connection cut each 0.7 s and a 6 s lease: it finishes, exit 0,
+    the rebuilt engine promoted."""
+    from tests.integration.nightly_box import ENGINE_TARGET, NEW, Box, target
+
+    box = Box(tmp_path, postgres_url, max_regression=0.99)
+    box.run("build", str(box.recipe))
+    box.bump(NEW)
+    with proxy.cutting(every_s=0.7):
+        report = box.nightly(ENGINECTL_REGISTRY_URL=proxy.url(postgres_url),
+                             ENGINECTL_LEASE_TTL_S="6")
+    assert report["exit_code"] == 0, report
+    assert target(report, ENGINE_TARGET)["verdict"] == "promoted"
+    assert proxy.cuts > 0
