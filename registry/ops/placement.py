@@ -50,13 +50,13 @@ from registry.ops.target import (
     check_content,
     check_dest_place,
     check_name_lengths,
+    is_staging,
     present,
     room,
     staging_prefix,
 )
 
 LOCK: Final = "lock"
-_STAGING_PARTS: Final = frozenset({LOCK, "tree", "old"})
 
 
 def check_dest(dest: Path | str, *, verb: str, force: bool,
@@ -179,7 +179,7 @@ def _clear(path: Path, dest: Path) -> None:
     if not any(path.iterdir()):
         path.rmdir()  # a staging directory killed as it was removed: nothing in it
         return
-    if not (path / LOCK).is_file() or not {p.name for p in path.iterdir()} <= _STAGING_PARTS:
+    if not is_staging(path, dest):
         return  # not a staging directory enginectl made: left alone
     with _if_abandoned(path / LOCK) as gone:
         if not gone:

@@ -87,14 +87,29 @@ def staging_prefix(dest: Path) -> str:
     return f".{dest.name}{STAGING}"
 
 
+STAGING_PARTS: Final = frozenset({"lock", "tree", "old"})
+"""What a staging directory holds: its flock(2)ed `lock`, the `tree` filled, the `old`
+content set aside."""
+
+
+def is_staging(path: Path, dest: Path) -> bool:
+    """Whether *path* is a staging directory of a fill into *dest*: named for it, a real
+    directory, holding its `lock` file and nothing but STAGING_PARTS."""
+    if not path.name.startswith(staging_prefix(dest)) or path.is_symlink() \
+            or not path.is_dir():
+        return False
+    names = {child.name for child in path.iterdir()}
+    return "lock" in names and names <= STAGING_PARTS and (path / "lock").is_file()
+
+
 def present(directory: Path) -> list[str]:
-    """The top-level names in *directory* a fill must account for: all but a fill's own
-    staging directories and, at a mount point, `lost+found`."""
-    mount = os.path.ismount(directory)
-    prefix = staging_prefix(directory)
+    """The top-level names in *directory* a fill must account for: all but, at a mount point
+    (where fills stage inside), the staging directories of fills still running and
+    `lost+found`."""
+    if not os.path.ismount(directory):
+        return sorted(entry.name for entry in directory.iterdir())
     return sorted(entry.name for entry in directory.iterdir()
-                  if not entry.name.startswith(prefix)
-                  and not (mount and entry.name == LOST_FOUND))
+                  if entry.name != LOST_FOUND and not is_staging(entry, directory))
 
 
 def check_content(absolute: Path, *, shown: Path, verb: str, force: bool,

@@ -263,3 +263,27 @@ def test_a_full_fetch_cache_on_s3_is_exit_4_naming_it(
         assert not (tmp_path / "out").exists()
     finally:
         unmount(small)
+
+
+def test_a_users_file_named_like_a_staging_directory_is_the_users(
+    user: dict[str, str], tmp_path: Path
+) -> None:
+    """Only a directory that holds a fill's lock file (and nothing else of anyone's) is a
+    staging directory: a file or folder of the user's named `.DIR.pull-…`, in DIR or beside
+    it, is never removed, and in DIR it is refused as anything else the marker does not name."""
+    plain = tmp_path / "models"
+    run(user, "pull", user["ENGINE_A"], "-o", str(plain), "--executable", SERVER)
+    (plain / ".models.pull-notes").write_text("mine")
+    beside = tmp_path / ".models.pull-vm-1-keep"
+    beside.mkdir()
+    (beside / "tree").mkdir()
+    (beside / "tree" / "thesis.tex").write_text("years of work")
+    before, inside = outside(tmp_path, plain), snapshot(plain)
+    assert ".models.pull-vm-1-keep/tree/thesis.tex" in before
+    refused = run(user, "pull", user["ENGINE_B"], "-o", str(plain), "--executable", SERVER,
+                  code=2)
+    assert "'.models.pull-notes' in it was not written by enginectl" in refused.stderr
+    assert snapshot(plain) == inside
+    (plain / ".models.pull-notes").unlink()
+    run(user, "pull", user["ENGINE_B"], "-o", str(plain), "--executable", SERVER)
+    assert outside(tmp_path, plain) == before
