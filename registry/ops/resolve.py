@@ -57,8 +57,9 @@ class Candidate:
     toolchain: Mapping[str, Any] = field(default_factory=dict)
     tokens_per_s: float | None = None  # the throughput of the proof used (`used`)
     proven: bool = False  # a smoke report passed on the request's fingerprint
-    evidence: tuple[str, ...] = ()  # GPUs it passed on (filled in by resolve with explain)
+    evidence: tuple[str, ...] | None = None  # GPUs it passed on; None: not read (resolve)
     used: Used | None = None  # the proof it is ranked by, and how near (module doc)
+    row_id: int | None = None  # its `artifacts` row, which resolve's later reads go by
 
     @property
     def match_rank(self) -> int:
@@ -75,6 +76,8 @@ class Candidate:
             by = "same SKU and driver branch" if used.match == "driver branch" else "same SKU"
             return (f"unproven on this fingerprint of {gpu} (nearest proof, {by}, "
                     f"{used.proof.at.date().isoformat()}: {', '.join(used.differs)})")
+        if self.evidence is None:  # where else it passed was not read (`resolve`)
+            return f"unproven on {gpu} (no passing smoke there)"
         elsewhere = [g for g in self.evidence if g != gpu]
         where = f"proven on {', '.join(elsewhere)}" if elsewhere else "no smoke evidence there"
         return f"unproven on {gpu} ({where})"
@@ -130,7 +133,7 @@ def _describe(candidate: Candidate, gpu: str | None) -> dict[str, Any]:
         "status": candidate.status,
         "tokens_per_s": candidate.tokens_per_s,
         "proven": candidate.proven,
-        "evidence": list(candidate.evidence),
+        "evidence": list(candidate.evidence or ()),
         "evidence_used": (candidate.used or _no_proof()).as_dict(),
         "note": None if gpu is None else candidate.unproven_note(gpu),
         "created_at": candidate.created_at.isoformat(),
@@ -213,22 +216,26 @@ def candidates_for(
     proof on *gpu* nearest the *node*'s fingerprint (`registry.sql.evidence.nearest`).
 
     Two queries: `artifacts` (one indexed query, built once and reused, the toolchain parts an
-    engine must match read out of the JSON by the database), then the model's passing
-    reports on *gpu* (`registry.sql.evidence.proofs_on`)."""
+    engine must match read out of the JSON by the database), then the passing reports on
+    *gpu* of exactly those rows (`registry.sql.evidence.proofs_on`, by row id: never the
+    model's other artifacts)."""
     from registry.sql.evidence import nearest, proofs_on
 
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
     rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
-    proofs = proofs_on(session, model, gpu) if gpu is not None and rows else {}
+    # an engine for another GPU (--explain reads them) has no proof on this one to look up
+    proofs = proofs_on(session, {row[-1]: row[0] for row in rows
+                                 if row[1] != "trtllm-engine" or row[5] == gpu}, gpu) \
+        if gpu is not None and rows else {}
     found = []
     for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-         trtllm, tensorrt, pp) in rows:
+         trtllm, tensorrt, pp, row_id) in rows:
         used = nearest(proofs.get(digest, []), kind, node or {})
         found.append(Candidate(
             digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
             pp=pp or 1, toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
             tokens_per_s=used.proof.tokens_per_s if used.proof else None,
-            proven=used.match == "fingerprint", used=used))
+            proven=used.match == "fingerprint", used=used, row_id=row_id))
     return found
 
 
@@ -241,10 +248,10 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
     table: Table = Artifact.__table__  # type: ignore[assignment]
     c = table.c
     query = select(
-        # Candidate's fields, in order, up to toolchain, then pp
+        # Candidate's fields, in order, up to toolchain, then pp, then the row id (proofs_on)
         c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
         c.tp, c.max_batch_size, c.max_seq_len,
-        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), c.pp,
+        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), c.pp, c.id,
     ).where(c.model == bindparam("model"))
     if every_status:
         return query.where(c.status != "deleted", c.kind.in_(KIND_ORDER))
@@ -260,17 +267,18 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
 def _with_evidence(session: Session, found: list[Candidate], *, every: bool) -> list[Candidate]:
     """*found* with the GPUs each passed on ("proven on CPU"): all of them with *every*
     (--explain), else only those with no proof on the node's SKU, whose rejection (or note)
-    names where they were proven; one query per 500 digests, none when no one needs it."""
+    names where they were proven; one query per 500, by row id, none when no one needs it."""
     from dataclasses import replace
 
-    from registry.sql.evidence import evidence_for
+    from registry.sql.evidence import gpus_proven
 
-    wanted = [c.digest for c in found if every or c.match_rank == UNPROVEN_RANK]
+    wanted = {c.row_id: c.digest for c in found
+              if c.row_id is not None and (every or c.match_rank == UNPROVEN_RANK)}
     if not wanted:
         return found
-    gpus = evidence_for(session, wanted)
-    return [replace(c, evidence=tuple(e.gpu for e in gpus[c.digest])) if c.digest in gpus
-            else c for c in found]
+    gpus = gpus_proven(session, wanted)
+    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) if c.row_id in wanted else c
+            for c in found]
 
 
 def _known_models(session: Session) -> list[str]:
@@ -288,8 +296,10 @@ def resolve(
     """Rank the registry's artifacts of *request.model* for *request.gpu* and the node's
     fingerprint (*request.toolchain*: what it reports; with none, every proof on the SKU is
     on "this fingerprint"). Only artifacts with a passing proof on the SKU are candidates,
-    unless *request.allow_unproven* (the module doc); each one rejected for that, and with
-    *explain* every artifact, carries the GPUs it was proven on (`Candidate.evidence`).
+    unless *request.allow_unproven* (the module doc); with *explain* every artifact, and
+    when the words need it (nothing proven on the SKU, or *allow_unproven*) each one with no
+    proof there, carries the GPUs it was proven on (`Candidate.evidence`): one query more,
+    which a node with a proven candidate never waits for.
 
     A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
     with the closest model it does know) instead of an empty ranking: a typo is not
@@ -297,7 +307,9 @@ def resolve(
     with ctx.registry.session(readonly=True) as session:
         found = candidates_for(session, request.model, every_status=explain,
                                gpu=request.gpu.sku, node=request.toolchain)
-        found = _with_evidence(session, found, every=explain)
+        if explain or request.allow_unproven or all(c.match_rank == UNPROVEN_RANK
+                                                    for c in found):
+            found = _with_evidence(session, found, every=explain)  # what the words need
         if not found:
             known = _known_models(session)
             if request.model not in known:

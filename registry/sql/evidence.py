@@ -12,12 +12,13 @@ Reads only, inside the caller's transaction, as plain dataclasses (like `registr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from registry.sql.models import Artifact, SmokeReportRow
@@ -53,6 +54,24 @@ def evidence_for(session: Session, digests: list[str]) -> dict[str, list[Evidenc
         for row in session.execute(query.where(Artifact.digest.in_(chunk))):
             found[row.digest].append(Evidence(*row))
     return found
+
+
+def gpus_proven(session: Session, artifacts: Mapping[int, str]) -> dict[str, list[str]]:
+    """The GPUs (or "CPU") each of *artifacts* (row id -> digest) passed a smoke on, by
+    name, by digest: `evidence_for`'s rows by row id, one query per 500 (resolve's words)."""
+    found: dict[str, list[str]] = {}
+    ids = sorted(artifacts)
+    for first in range(0, len(ids), 500):  # bound the parameters of one statement
+        for artifact_id, gpu in session.execute(_gpus_query(), {"ids": ids[first:first + 500]}):
+            found.setdefault(artifacts[artifact_id], []).append(gpu)
+    return found
+
+
+@functools.cache
+def _gpus_query() -> Select[Any]:
+    return (select(EvidenceRow.artifact_id, EvidenceRow.gpu)
+            .where(EvidenceRow.artifact_id.in_(bindparam("ids", expanding=True)))
+            .order_by(EvidenceRow.artifact_id, EvidenceRow.gpu))
 
 
 # --- the evidence resolve ranks by: the latest proof on the node's fingerprint, or the nearest
@@ -132,23 +151,32 @@ def nearest(proofs: list[Proof], kind: str, node: Mapping[str, Any]) -> Used:
     return best
 
 
-def proofs_on(session: Session, model: str, gpu: str) -> dict[str, list[Proof]]:
-    """The passing smoke reports measured on *gpu* of every artifact of *model*, oldest
-    first, by digest: one query (the model's index on artifacts, then each artifact's
-    reports), the fingerprint fields and the throughput read out of the JSON by the
-    database."""
+def proofs_on(session: Session, artifacts: Mapping[int, str],
+              gpu: str) -> dict[str, list[Proof]]:
+    """The passing smoke reports measured on *gpu* of *artifacts* (row id -> digest: the
+    candidates resolve read), oldest first, by digest: one query per 500 artifacts, an index
+    probe per artifact (`smoke_reports.artifact_id`), whatever the planner's statistics say,
+    the fingerprint fields and the throughput read out of the JSON by the database."""
+    found: dict[str, list[Proof]] = {}
+    ids = sorted(artifacts)
+    for first in range(0, len(ids), 500):  # bound the parameters of one statement
+        rows = session.execute(_proofs_query(), {"ids": ids[first:first + 500], "gpu": gpu})
+        for artifact_id, at, tokens, *values in rows:
+            found.setdefault(artifacts[artifact_id], []).append(
+                Proof(artifacts[artifact_id], gpu, at, tokens,
+                      dict(zip(FINGERPRINT_FIELDS, values, strict=True))))
+    return found
+
+
+@functools.cache
+def _proofs_query() -> Select[Any]:
+    """`proofs_on`'s statement, built once (SQLAlchemy then reuses its compiled form)."""
     report, toolchain = SmokeReportRow.report, SmokeReportRow.toolchain
-    query = (
-        select(Artifact.digest, SmokeReportRow.created_at,
+    return (
+        select(SmokeReportRow.artifact_id, SmokeReportRow.created_at,
                report["best_output_tokens_per_s"].as_float(),
                *(toolchain[name].as_string() for name in FINGERPRINT_FIELDS))
-        .join(SmokeReportRow, SmokeReportRow.artifact_id == Artifact.id)
-        .where(Artifact.model == model, SmokeReportRow.gpu == gpu,
-               SmokeReportRow.passed.is_(True))
+        .where(SmokeReportRow.artifact_id.in_(bindparam("ids", expanding=True)),
+               SmokeReportRow.gpu == bindparam("gpu"), SmokeReportRow.passed.is_(True))
         .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
     )
-    found: dict[str, list[Proof]] = {}
-    for digest, at, tokens, *values in session.execute(query):
-        found.setdefault(digest, []).append(
-            Proof(digest, gpu, at, tokens, dict(zip(FINGERPRINT_FIELDS, values, strict=True))))
-    return found

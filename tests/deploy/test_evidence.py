@@ -67,9 +67,14 @@ def test_resolve_ranks_by_evidence_from_the_nodes_gpu_only(ctx: Context, tmp_pat
     only = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
     assert [(c.digest, c.proven, c.tokens_per_s) for c in only.candidates] == [
         (proven_h100, True, 100.0)]
-    assert {c.digest: reason for c, reason in only.rejected} == {
+    assert {c.digest: reason for c, reason in only.rejected} == {  # (other GPUs' engines
+        fast_on_cpu: f"unproven on {H100} (no passing smoke there)",  # are not even read)
+        never: f"unproven on {H100} (no passing smoke there)"}  # where else: not read
+    explained = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")), explain=True)
+    assert {c.digest: reason for c, reason in explained.rejected} == {
         fast_on_cpu: f"unproven on {H100} (proven on CPU)",
-        never: f"unproven on {H100} (no smoke evidence there)"}  # (not read: other engines)
+        never: f"unproven on {H100} (no smoke evidence there)",
+        engine_h200: f"GPU mismatch: engine built for {H200}, node has {H100}"}
 
     allowed = Request(model="m", gpu=lookup_gpu("h100"), allow_unproven=True)
     on_h100 = resolve(ctx, allowed, explain=True)
