@@ -34,6 +34,7 @@ def test_the_page_documents_every_knob_the_script_uses_and_only_real_ones() -> N
 
 def test_the_script_runs_in_a_temp_home_on_the_stand_ins_and_the_readme_links_it() -> None:
     assert 'export ENGINECTL_HOME=$work/home' in SCRIPT
+    assert 'export ENGINECTL_CACHE_DIR=$work/cache' in SCRIPT  # the fetch cache: not ~/.cache
     assert 'work=$(mktemp -d' in SCRIPT
     assert "export PATH=$root/tests/fakes/bin:$PATH" in SCRIPT
     assert "(docs/try-without-a-gpu.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
