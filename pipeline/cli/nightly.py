@@ -37,20 +37,23 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int,
     """Requalify RECIPES (files or directories; none: every recipe the registry has
     recorded, at its latest content) after toolchain bumps.
 
-    Probes each pool the recipes need and diffs it with its last probe, re-plans, builds
-    and smoke-tests what the bump invalidated, and moves each `promote` alias only to an
-    artifact that is ready and no slower than the one it replaces (by the recipe's
-    max_regression). One nightly runs at a time; a second waits for it. A second run with
-    nothing changed does nothing.
+    Probes each pool the recipes need and diffs it with the toolchain the last nightly
+    that finished its work saw, re-plans, builds and smoke-tests what the bump
+    invalidated, and moves each `promote` alias only to an artifact that is ready and no
+    slower than the one it replaces (by the recipe's max_regression). One nightly runs at
+    a time; a second waits for it. A second run with nothing changed does nothing.
 
     Every target gets one verdict: regressed, failed (machine or artifact fault), held,
     promoted, rebuilt, re-proved, skipped (this machine lacks its GPU) or unchanged. A
     re-proof slower than its last proof on the previous toolchain by more than the recipe's
-    nightly.max_regression (default 0.10) is a toolchain regression, reported first.
+    nightly.max_regression (default 0.10) is a toolchain regression, reported first; no
+    alias of that pool moves (held) unless the run is given --accept-regression. A nightly
+    killed or stopped midway is finished by the next one.
 
     Exit 5 a toolchain regression; else 3 a stage failed by the machine's fault or before
     the smoke; else 5 a smoke failed or the gate held an alias; else 0 (skipped targets
-    included). Every failure is listed with its log.
+    included). Every failure is listed with its log. Exit 2, one line, nothing recorded,
+    when no Ray cluster answers at --address.
 
     \b
     Examples:
