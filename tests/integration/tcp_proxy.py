@@ -6,6 +6,7 @@ registry must ride out.
         proxy.cut()                         # close every connection through it, both ends
         with proxy.cutting(every_s=0.7):    # ... again and again, in a thread
             ...
+        proxy.cut_at(b"COMMIT", before=False)  # cut once the next COMMIT went through
         proxy.refuse(3.0)                   # refuse new connections (and cut the open ones)
                                             # for 3 s: nothing listens on its port meanwhile
 
@@ -34,6 +35,7 @@ class TcpProxy:
         self.accepted = 0
         self.cuts = 0
         self.refusing = False
+        self._trap: tuple[bytes, bool] | None = None
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._closed = threading.Event()
@@ -73,13 +75,20 @@ class TcpProxy:
             with self._lock:
                 self._pairs.append((client, server))
                 self.accepted += 1
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True,
+            for source, sink, upward in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(source, sink, upward), daemon=True,
                                  name="tcp-proxy-pump").start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, upward: bool) -> None:
         try:
             while data := source.recv(65536):
+                trap = self._trap if upward else None
+                if trap is not None and trap[0] in data:
+                    self._trap = None
+                    if not trap[1]:
+                        sink.sendall(data)
+                    self.cut()
+                    return
                 sink.sendall(data)
         except OSError:
             pass
@@ -106,6 +115,11 @@ class TcpProxy:
                 end.close()
         self.cuts += len(pairs)
         return len(pairs)
+
+    def cut_at(self, marker: bytes, *, before: bool) -> None:
+        """Cut every connection when a client next sends bytes holding *marker* (once):
+        *before* they reach the server, or right after (its answer never comes back)."""
+        self._trap = (marker, before)
 
     @contextlib.contextmanager
     def cutting(self, *, every_s: float) -> Iterator[None]:

@@ -205,3 +205,26 @@ def test_a_nightly_rides_out_connections_cut_every_0_7_s(
     assert report["exit_code"] == 0, report
     assert target(report, ENGINE_TARGET)["verdict"] == "promoted"
     assert proxy.cuts > 0
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["lost-before", "lost-after"])
+def test_a_commit_whose_answer_is_lost_is_written_once(
+    postgres_url: str, proxy: TcpProxy, before: bool
+) -> None:
+    """The connection is cut as a COMMIT goes out (before it reaches the server, or after:
+    its answer never comes back): the session still succeeds, and the write (a toolchain
+    probe, a new row each time it runs) is there exactly once: the server was asked what
+    became of the transaction before it ran again."""
+    from registry.sql import build_inputs
+    from registry.sql.db import open_registry
+
+    open_registry(postgres_url).close()
+    with open_registry(proxy.url(postgres_url)) as registry:
+        with registry.session() as session:  # a pooled connection, for the cut to find
+            build_inputs.toolchain_history(session, "host:a")
+        proxy.cut_at(b"COMMIT", before=before)
+        with registry.session() as session:
+            build_inputs.record_toolchain(session, "host:a", "H100", {"driver": "1"}, "a")
+        assert proxy.cuts > 0
+        with registry.session(readonly=True) as session:
+            assert len(build_inputs.toolchain_history(session, "host:a", limit=10)) == 1
