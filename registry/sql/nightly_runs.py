@@ -87,11 +87,11 @@ def baseline(session: Session) -> Baseline:
     its probe leaves the baseline where it was, and the next one finds the same work."""
     at: datetime | None = None
     finished = session.execute(
-        select(NightlyRun.finished_at, NightlyRun.report)
-        .where(NightlyRun.status == "finished")
-        .order_by(NightlyRun.started_at.desc(), NightlyRun.id.desc())
-        .execution_options(yield_per=8))
-    for finished_at, report in finished:
+        select(NightlyRun.id, NightlyRun.finished_at).where(NightlyRun.status == "finished")
+        .order_by(NightlyRun.started_at.desc(), NightlyRun.id.desc())).all()
+    for run_id, finished_at in finished:  # newest first: an unsettled streak is short
+        report = session.execute(
+            select(NightlyRun.report).where(NightlyRun.id == run_id)).scalar_one()
         if settled(report):
             at = finished_at
             break
