@@ -310,3 +310,46 @@ def test_advise_reads_the_curve_on_each_registry_and_store(ctx: Context, tmp_pat
                                       {**NOW, "driver": "575.57.08"}, "b")
     with pytest.raises(NothingProvenError, match=r"driver 570\.124\.06 → 575\.57\.08"):
         advise(ctx, "m", slo=Slo(0.3), rate=6)
+
+
+def test_a_build_records_the_curve_and_advise_follows_the_pool_fingerprint(
+        tmp_path: Path) -> None:
+    """End to end through the CLI, with the stand-ins of nvidia-smi, trtllm-build and
+    trtllm-serve (one batch slot each, so traffic past it queues): `build` of a recipe with
+    smoke.capacity proves each artifact with a curve; `show` prints it; advise ranks both
+    TRT-LLM variants on the pool's fingerprint, and after a driver bump and the build that
+    re-proves them, by the proofs on the new one. (SQLite: PostgreSQL reads the same curves
+    in test_advise_reads_the_curve_on_each_registry_and_store.)"""
+    from tests.integration.nightly_box import NEW, Box
+
+    box = Box(tmp_path, f"sqlite:///{tmp_path / 'home' / 'registry.db'}", max_regression=0.99)
+    recipe = yaml.safe_load(box.recipe.read_text())
+    recipe["smoke"]["capacity"] = {"rates": [2, 60], "duration_s": 0.5, "ttft_p95_ms": 400}
+    box.recipe.write_text(yaml.safe_dump(recipe))
+    slow = {"FAKE_OPENAI_MAX_RUNNING": "1", "FAKE_OPENAI_TOKEN_DELAY_S": "0.01"}
+    box.run("build", str(box.recipe), env=slow)
+
+    listed = json.loads(box.run("ls", "--json").stdout)
+    servable = [a["digest"] for a in listed if a["kind"] in ("trtllm-engine",
+                                                            "trtllm-checkpoint")]
+    assert len(servable) == 2
+    assert "    curve   2/s " in box.run("show", servable[0]).stdout
+    advice = json.loads(box.run("advise", "--model", "toy", "--ttft-p95", "400ms", "--rate",
+                                "1/s", "--json").stdout)
+    assert sorted(o["digest"] for o in advice["ranked"]) == sorted(servable)
+    for option in advice["ranked"]:
+        assert option["gpu"] == H100
+        assert option["proof"]["fingerprint"]["driver"] == "570.124.06"
+        assert 2 <= option["capacity_rps"] < 60
+    manifest = json.loads(box.run("route", "--model", "toy", "--ttft-p95", "400ms", "--rate",
+                                  "1/s", "--json").stdout)
+    # no price in the recipe: ranked by GPUs (one each), then by measured capacity
+    assert [v["digest"] for v in manifest["variants"]] == \
+        [o["digest"] for o in advice["ranked"]]
+    assert [v["role"] for v in manifest["variants"]] == ["primary", "fallback"]
+
+    box.bump(NEW)  # a driver bump: the build re-proves both on the pool's new fingerprint
+    box.run("build", str(box.recipe), env=slow)
+    advice = json.loads(box.run("advise", "--model", "toy", "--ttft-p95", "400ms", "--rate",
+                                "1/s", "--json").stdout)
+    assert {o["proof"]["fingerprint"]["driver"] for o in advice["ranked"]} == {NEW}
