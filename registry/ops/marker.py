@@ -36,6 +36,10 @@ MARKER_SCHEMA: Final = "enginectl.target/v1"
 SERVE_FILE: Final = "serve.json"
 SERVE_SCHEMA: Final = "enginectl.serve/v1"
 LOST_FOUND: Final = "lost+found"
+WRITABLE: Final = frozenset({".warm"})
+"""The only names a marker may record as *writable*: a pull's warm cache directory
+(`pipeline.deploy.warm.WARM_DIR`), whose content the runtime grows, so it cannot be proven
+file by file. Any other name would let a marker someone wrote vouch for a folder of theirs."""
 TEMPORARY: Final = (f".{MARKER}.tmp-", f".{SERVE_FILE}.tmp-")
 """Names of the marker and serve.json while they are written (atomically, through these)."""
 
@@ -112,6 +116,9 @@ def parse_marker(directory: Path, data: Any) -> Marker:
     for name in (*(pair[0] for pair in under), *writable):
         if not bare_name(name):
             raise MarkerError(directory, f"names {name!r}, which is not a name in it")
+        if name in writable and name not in WRITABLE:
+            raise MarkerError(directory, f"names {name!r} as a folder the runtime writes, "
+                                         "which enginectl never places")
     filling = data.get("filling")
     return Marker(by=by, digest=digest, entries=frozenset(entries), sources=tuple(sources),
                   under=tuple((str(name), str(value)) for name, value in under),
