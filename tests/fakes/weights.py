@@ -61,11 +61,12 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes
 
 
 def write_engine(path: Path, rank: int, weights: dict[str, tuple[dict[str, Any], bytes]], *,
-                 stripped: bool) -> None:
+                 stripped: bool, profile: dict[str, Any]) -> None:
     """A rank engine holding *weights* (name -> (header entry, bytes)), or only their names
-    when *stripped*."""
+    when *stripped*. *profile* (the build's shape) makes engines of two shapes differ, as
+    real plans do (their optimisation profiles and kernels), even with the same weights."""
     names = sorted(weights)
-    header = {"rank": rank, "stripped": stripped, "weights": {
+    header = {"rank": rank, "stripped": stripped, "profile": profile, "weights": {
         name: {"dtype": weights[name][0].get("dtype"), "shape": weights[name][0].get("shape"),
                "size": len(weights[name][1])} for name in names}}
     body = b"" if stripped else b"".join(weights[name][1] for name in names)

@@ -9,6 +9,7 @@ refit does."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import yaml
 from registry.sql.db import open_registry
 from registry.sql.records import ArtifactRecord, list_artifacts, mark_deleted
 from tests.fakes.weights import read_engine
-from tests.helpers import builder_env, fake_gpu
+from tests.helpers import FAKES, builder_env, fake_gpu, only_nvidia_smi
 from tests.helpers import enginectl as cli
 from tests.integration.builds import make_model
 
@@ -72,6 +73,7 @@ def artifacts(url: str, kind: str) -> list[ArtifactRecord]:
         return list_artifacts(session, kind=kind)
 
 
+@SQLITE
 def test_stripped_engines_smoke_refitted_and_the_first_is_compared_whole(
         tmp_path: Path, env: dict[str, str], registry_url: str) -> None:
     recipe = stripped_recipe(tmp_path / "r", SHAPES)
@@ -147,6 +149,13 @@ def test_a_refit_that_serves_otherwise_holds_the_engine_built(
     assert "refit-equivalence of toy bf16 with TensorRT-LLM 1.2.1" in (engine.status_reason or "")
     said = cli(env, "pull", engine.digest, "-o", tmp_path / "dir", code=4).stderr
     assert "built" in said
+    serve_only = only_nvidia_smi(tmp_path / "node-bin")  # a node with trtllm-serve alone
+    (serve_only / "trtllm-serve").symlink_to(FAKES / "bin" / "trtllm-serve")
+    node = {**env, "PATH": f"{serve_only}{os.pathsep}{os.environ['PATH']}"}
+    said = cli(node, "pull", engine.digest, "-o", tmp_path / "dir", "--allow-unready",
+               code=2).stderr
+    assert "trtllm-refit is not on PATH" in said
+    assert not (tmp_path / "dir").exists()  # checked before any byte moved
 
 
 @SQLITE
