@@ -27,7 +27,7 @@ from pipeline.errors import FleetError
 from registry.config import RegistryConfig
 
 FORWARDED: Final = (
-    "ENGINECTL_LEASE_TTL_S",
+    "ENGINECTL_LEASE_TTL_S", "ENGINECTL_REGISTRY_RETRY_S",
     "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
     "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_CA_BUNDLE", "HF_TOKEN", "HF_ENDPOINT",
     "HF_HUB_OFFLINE",
