@@ -209,7 +209,7 @@ def node_fingerprint(request: Request) -> dict[str, Any]:
 
 def candidates_for(
     session: Session, model: str, *, every_status: bool, gpu: str | None = None,
-    node: Mapping[str, Any] | None = None,
+    node: Mapping[str, Any] | None = None, evidence: bool = False,
 ) -> list[Candidate]:
     """The servable artifacts of *model*: only `ready` ones, and only engines built for
     *gpu*, unless *every_status* (then everything not deleted, for --explain), each with the
@@ -218,8 +218,9 @@ def candidates_for(
     Two queries: `artifacts` (one indexed query, built once and reused, the toolchain parts an
     engine must match read out of the JSON by the database), then the passing reports on
     *gpu* of exactly those rows (`registry.sql.evidence.proofs_on`, by row id: never the
-    model's other artifacts)."""
-    from registry.sql.evidence import nearest, proofs_on
+    model's other artifacts). With *evidence*, a third: the GPUs each passed on
+    (`Candidate.evidence`, `registry.sql.evidence.gpus_proven`)."""
+    from registry.sql.evidence import gpus_proven, nearest, proofs_on
 
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
     rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
@@ -227,6 +228,8 @@ def candidates_for(
     proofs = proofs_on(session, {row[-1]: row[0] for row in rows
                                  if row[1] != "trtllm-engine" or row[5] == gpu}, gpu) \
         if gpu is not None and rows else {}
+    passed = gpus_proven(session, {row[-1]: row[0] for row in rows}) \
+        if evidence and rows else None
     found = []
     for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
          trtllm, tensorrt, pp, row_id) in rows:
@@ -235,7 +238,8 @@ def candidates_for(
             digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
             pp=pp or 1, toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
             tokens_per_s=used.proof.tokens_per_s if used.proof else None,
-            proven=used.match == "fingerprint", used=used, row_id=row_id))
+            proven=used.match == "fingerprint", used=used, row_id=row_id,
+            evidence=None if passed is None else tuple(passed.get(digest, ()))))
     return found
 
 
@@ -264,16 +268,16 @@ def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
                            and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
 
 
-def _with_evidence(session: Session, found: list[Candidate], *, every: bool) -> list[Candidate]:
-    """*found* with the GPUs each passed on ("proven on CPU"): all of them with *every*
-    (--explain), else only those with no proof on the node's SKU, whose rejection (or note)
-    names where they were proven; one query per 500, by row id, none when no one needs it."""
+def _with_evidence(session: Session, found: list[Candidate]) -> list[Candidate]:
+    """*found* with the GPUs each of those with no proof on the node's SKU passed on, whose
+    rejection (or note) names where they were proven ("proven on CPU"); one query per 500,
+    by row id, none when no one needs it."""
     from dataclasses import replace
 
     from registry.sql.evidence import gpus_proven
 
     wanted = {c.row_id: c.digest for c in found
-              if c.row_id is not None and (every or c.match_rank == UNPROVEN_RANK)}
+              if c.row_id is not None and c.match_rank == UNPROVEN_RANK}
     if not wanted:
         return found
     gpus = gpus_proven(session, wanted)
@@ -306,10 +310,10 @@ def resolve(
     "nothing is ready"."""
     with ctx.registry.session(readonly=True) as session:
         found = candidates_for(session, request.model, every_status=explain,
-                               gpu=request.gpu.sku, node=request.toolchain)
-        if explain or request.allow_unproven or all(c.match_rank == UNPROVEN_RANK
-                                                    for c in found):
-            found = _with_evidence(session, found, every=explain)  # what the words need
+                               gpu=request.gpu.sku, node=request.toolchain, evidence=explain)
+        if not explain and (request.allow_unproven or all(c.match_rank == UNPROVEN_RANK
+                                                          for c in found)):
+            found = _with_evidence(session, found)  # what the words need
         if not found:
             known = _known_models(session)
             if request.model not in known:
