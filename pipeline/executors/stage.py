@@ -194,7 +194,8 @@ class StageWorker:
         job = SmokeJob(
             entry, argv, run.workdir, recipe.model.name, recipe.smoke, target.quant,
             target.shape.max_input_len, recipe.smoke.gpu_price_per_hour.get(target.gpu.sku),
-            self._log(run), target.gpu.is_cpu, run.workdir / "serve")
+            self._log(run), target.gpu.is_cpu, run.workdir / "serve",
+            gpus=1 if target.gpu.is_cpu else target.tp * target.pp)
         refused = stripped.refit(self._log(run)) if stripped is not None else None
         judged = (Judged(entry, refused, None, None, log_path=self._log(run)) if refused
                   else judge(self.ctx, self.settings, job, cancelled=self.cancel.is_set))

@@ -187,13 +187,14 @@ def token_agreement(got: Sequence[object], expected: Sequence[object]) -> float:
     return sum(a == b for a, b in zip(got, expected, strict=False)) / longest
 
 
-def cost_per_million_tokens(price_per_hour: float | None, tokens_per_s: float | None
-                            ) -> float | None:
-    """$ per 1M output tokens = price/hour ÷ (tokens/s × 3600) × 10⁶; None without a price or
-    without throughput."""
+def cost_per_million_tokens(price_per_hour: float | None, tokens_per_s: float | None,
+                            gpus: int = 1) -> float | None:
+    """$ per 1M output tokens = price/hour × GPUs ÷ (tokens/s × 3600) × 10⁶, where
+    *price_per_hour* is one GPU's (the recipe's `smoke.gpu_price_per_hour`) and *gpus* how many
+    the artifact serves on (tp × pp; 1 on the CPU); None without a price or throughput."""
     if price_per_hour is None or tokens_per_s is None or tokens_per_s <= 0:
         return None
-    return price_per_hour / (tokens_per_s * 3600) * 1e6
+    return price_per_hour * gpus / (tokens_per_s * 3600) * 1e6
 
 
 # --- load -------------------------------------------------------------------------------------

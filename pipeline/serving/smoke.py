@@ -96,6 +96,7 @@ def smoke(
     threshold: float | None = None,
     cwd: Path | None = None,
     warm_cache: str | None = None,
+    gpus: int = 1,
 ) -> SmokeReport:
     """Serve *model_dir* with *argv_template*, check it and load it (see the module doc).
 
@@ -133,7 +134,7 @@ def smoke(
     return SmokeReport(
         passed=failed is None, checks=checks, load=load, ready_s=ready_s,
         best_output_tokens_per_s=best,
-        cost_per_million_tokens=cost_per_million_tokens(price_per_hour, best),
+        cost_per_million_tokens=cost_per_million_tokens(price_per_hour, best, gpus),
         price_per_hour=price_per_hour, log_path=log_path, argv=argv,
         failure=None if failed is None else " ".join(f"{failed.name}: {failed.message}".split()),
         warm_cache=warm_cache, capacity=curve,

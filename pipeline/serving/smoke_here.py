@@ -168,7 +168,8 @@ def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, 
             digest, served.argv, served.model_dir, record.model, served.settings,
             record.quant, record.max_input_len or 128,
             served.settings.gpu_price_per_hour.get(record.gpu or "CPU"), log,
-            record.gpu is None, log.with_suffix(".serve")))
+            record.gpu is None, log.with_suffix(".serve"),
+            gpus=record.tp * record.pp if record.gpu else 1))
         if judged.fault is not None:
             raise MachineError(f"cannot smoke {digest} here", judged.fault, _fix(digest, record))
         measured = _where(settings)  # the evidence says where it was measured

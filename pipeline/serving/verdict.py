@@ -69,6 +69,7 @@ class SmokeJob:
     log_path: Path
     cpu: bool
     serving_dir: Path  # where a runtime that keeps caches runs from (`warm.launch`)
+    gpus: int = 1  # what it serves on (tp × pp): the price is one GPU's
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ def _serve(job: SmokeJob, started: Launch | None) -> SmokeReport:
     report = run_smoke(job.argv, model_dir=job.model_dir, served_name=job.served_name,
                        settings=job.smoke, max_input_len=job.max_input_len,
                        price_per_hour=job.price_per_hour, log_path=job.log_path, cpu=job.cpu,
-                       reference=reference, threshold=threshold, started=started)
+                       reference=reference, threshold=threshold, started=started,
+                       gpus=job.gpus)
     if started is None or started.seeded is None:
         return report
     return replace(report, warm_use=observed(started.runtime, _read_from(job.log_path, offset)))
@@ -198,7 +200,7 @@ def run_smoke(
     argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
     max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
     reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
-    started: Launch | None = None,
+    started: Launch | None = None, gpus: int = 1,
 ) -> SmokeReport:
     """Smoke *argv*; with *started* (`pipeline.serving.warm.launch`), the server runs from
     its serving directory with its caches there, to be captured after a pass."""
@@ -211,7 +213,7 @@ def run_smoke(
                  settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
                  log_path=log_path, env=env or None, reference=reference, threshold=threshold,
                  cwd=None if started is None else started.cwd,
-                 warm_cache=None if started is None else started.seeded)
+                 warm_cache=None if started is None else started.seeded, gpus=gpus)
 
 
 def capture_warm(ctx: Context, digest: str, started: Launch | None, *, log: Path) -> str | None:

@@ -87,6 +87,14 @@ def test_cost_per_million_tokens(price: float | None, tokens_per_s: float | None
         assert got == pytest.approx(expected)
 
 
+def test_the_price_is_one_gpus_and_an_artifact_pays_for_every_gpu_it_serves_on() -> None:
+    """A tp 4 engine at the tokens/s of a tp 1 one costs four times as much per token: the
+    recipe's price is per GPU-hour (as advise reads it), and the smoke's cost counted it once."""
+    one = cost_per_million_tokens(3.6, 1000.0)
+    assert cost_per_million_tokens(3.6, 1000.0, gpus=4) == pytest.approx(4 * one)
+    assert cost_per_million_tokens(None, 1000.0, gpus=4) is None
+
+
 @pytest.mark.parametrize(
     ("got", "expected", "agreement"),
     [
