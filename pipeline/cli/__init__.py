@@ -10,6 +10,7 @@ package that imports `click`; no other package imports it.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -24,14 +25,25 @@ from pipeline.cli import (  # noqa: F401 - they register their commands
     maintenance,
     nightly,
 )
-from pipeline.cli.base import fail, is_closed_stdout, main, stdout_closed
+from pipeline.cli.base import fail, is_closed_stdout, main, note, stdout_closed
 
 __all__ = ["entry", "main"]
+
+
+class _Notes(logging.Handler):
+    """What the library logs at WARNING or above (a registry that does not answer yet) is a
+    note on stderr, silenced by -q like the others."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        note(record.getMessage())
 
 
 def entry() -> None:
     """The console script: click's own usage errors become one line and exit 2, too; a
     closed stdout (`enginectl plan … | head -n 3`) ends quietly with 0."""
+    library = logging.getLogger("enginectl")
+    library.addHandler(_Notes(logging.WARNING))
+    library.propagate = False
     try:
         main.main(standalone_mode=False)
         sys.stdout.flush()  # a reader gone by now is met here, not at interpreter exit

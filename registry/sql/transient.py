@@ -21,6 +21,7 @@ module never imports SQLAlchemy or a driver (the fetch path keeps them off).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,11 @@ REGISTRY_RETRY_DEFAULT_S: Final = 30.0
 """How long a registry call made without a lease retries a connection fault."""
 FIRST_BACKOFF_S: Final = 0.05
 MAX_BACKOFF_S: Final = 1.0
+NOTE_AFTER_S: Final = 1.0
+"""A call still waiting this long says so, once a process (`LOG`): a registry URL with a typo
+would otherwise hang for the whole window without a word."""
+LOG: Final = logging.getLogger("enginectl.registry")
+_said = threading.Event()
 
 _MESSAGES: Final = (
     "server closed the connection unexpectedly", "connection refused", "connection reset",
@@ -161,6 +167,11 @@ def retrying(attempt: Callable[[], T], *, window_s: float = REGISTRY_RETRY_DEFAU
                 with contextlib.suppress(AttributeError):  # a driver error without a dict
                     setattr(exc, "__enginectl_budget__", (limit, now - started))  # noqa: B010
                 raise
+            if now - started >= NOTE_AFTER_S and not _said.is_set():
+                _said.set()
+                LOG.warning("the registry does not answer (%s); retrying for up to %.0f s more "
+                            "(ENGINECTL_REGISTRY_RETRY_S, or the lease held)",
+                            " ".join(str(exc).split())[:160], limit.deadline - now)
             sleep(max(0.0, min(backoff, limit.deadline - now)))  # the last try at the deadline
             backoff = min(backoff * 2, MAX_BACKOFF_S)
             step = attempt if recover is None else _after(recover, attempt)

@@ -98,6 +98,24 @@ def test_an_outage_is_still_exit_4(home: dict[str, str]) -> None:
             down, *args, code=4)
 
 
+def test_a_registry_that_does_not_answer_is_said_while_it_is_retried(
+    home: dict[str, str]
+) -> None:
+    """A refused connection is retried as a blip for the whole window: a URL with a typo
+    must not hang that long without a word (one note, then the error), and -q keeps quiet."""
+    down = {**home, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x",
+            "ENGINECTL_REGISTRY_RETRY_S": "2"}
+    done = run_cli([ENGINECTL, "show", ALIAS], env=down, timeout=300)
+    assert done.returncode == 4, done.stderr
+    first, last = done.stderr.strip().splitlines()
+    assert first.startswith("enginectl: note: the registry does not answer (")
+    assert re.search(r"retrying for up to \d+ s more \(ENGINECTL_REGISTRY_RETRY_S", first)
+    assert "cannot use registry postgresql+psycopg://nobody@127.0.0.1:1/x" in last
+    quiet = run_cli([ENGINECTL, "show", ALIAS, "-q"], env=down, timeout=300)
+    assert quiet.returncode == 4
+    assert len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+
+
 def unstored() -> str:
     """A full digest nobody stored: what a script fetches after a typo in a digest."""
     return f"sha256:{secrets.token_hex(32)}"
