@@ -144,7 +144,11 @@ def test_plan_commands(tmp_path: Path) -> None:
     assert [shlex.join(argv) for argv in argvs] == lines  # each line is exactly one argv
 
     as_json = json.loads(enginectl(tmp_path, "plan", "--json", str(GOOD_RECIPE)).stdout)
-    assert argvs == [s["argv"] for s in as_json["stages"] if s["argv"] is not None]
+    shown = [argv for s in as_json["stages"]  # a stripped engine's refit runs before its smoke
+             for argv in [*s.get("before", []), *([s["argv"]] if s["argv"] is not None else [])]]
+    assert argvs == shown
+    refit = next(line for line in lines if line.startswith("trtllm-refit "))  # strip_plan: true
+    assert {"--engine_dir", "--checkpoint_dir", "--output_dir"} <= set(shlex.split(refit))
 
     build = next(line for line in lines if line.startswith("trtllm-build "))
     assert build.startswith("trtllm-build --checkpoint_dir ")
