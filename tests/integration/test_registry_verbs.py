@@ -299,8 +299,9 @@ def test_resolve_ranks_engines_then_checkpoints_then_vllm(ctx: Context, tmp_path
         shape={"max_seq_len": 8192, "max_batch_size": 8}))
     built = import_artifact(ctx, make_engine(tmp_path / "n", seed=5), engine_spec(status="built"))
 
-    ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), min_seq_len=4096),
-                     explain=True)
+    # the order of kinds, shapes and GPUs among what has no proof yet (proofs: test_resolve_*)
+    ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), min_seq_len=4096,
+                                  allow_unproven=True), explain=True)
     assert [c.digest for c in ranked.candidates] == [engine.digest, checkpoint.digest,
                                                       vllm.digest]
     reasons = {c.digest: reason for c, reason in ranked.rejected}
@@ -308,19 +309,20 @@ def test_resolve_ranks_engines_then_checkpoints_then_vllm(ctx: Context, tmp_path
     assert "GPU mismatch" in reasons[a100.digest]
     assert "not ready" in reasons[built.digest]
 
-    on_a100 = resolve(ctx, Request(model="m", gpu=lookup_gpu("a100")), explain=True)
+    on_a100 = resolve(ctx, Request(model="m", gpu=lookup_gpu("a100"), allow_unproven=True),
+                      explain=True)
     assert [c.digest for c in on_a100.candidates][:1] == [a100.digest]
     assert vllm.digest in [c.digest for c in on_a100.candidates]
     assert checkpoint.digest not in [c.digest for c in on_a100.candidates]  # fp8 on SM 80
-    preferred = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), prefer=("vllm",)))
+    preferred = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), prefer=("vllm",),
+                                     allow_unproven=True))
     assert preferred.candidates[0].digest == vllm.digest
 
 
 def test_resolve_ranks_by_the_latest_passing_smoke_throughput(
     ctx: Context, tmp_path: Path
 ) -> None:
-    """The latest proof counts, not the best ever (issue 23): peaky's 800 was re-proved at
-    300."""
+    """The latest proof counts, not the best ever: peaky's 800 was re-proved at 300."""
     unsmoked = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
     steady = import_artifact(ctx, make_engine(tmp_path / "b", seed=2), engine_spec())
     peaky = import_artifact(ctx, make_engine(tmp_path / "c", seed=3), engine_spec())
@@ -334,6 +336,10 @@ def test_resolve_ranks_by_the_latest_passing_smoke_throughput(
                                            gpu="H100-SXM5-80GB")
     ranked = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100")))
     assert [(c.digest, c.tokens_per_s) for c in ranked.candidates] == [
+        (steady.digest, 500.0), (peaky.digest, 300.0),  # never proven here: not handed out
+    ]
+    anyway = resolve(ctx, Request(model="m", gpu=lookup_gpu("h100"), allow_unproven=True))
+    assert [(c.digest, c.tokens_per_s) for c in anyway.candidates] == [
         (steady.digest, 500.0), (peaky.digest, 300.0), (unsmoked.digest, None),
     ]
 
