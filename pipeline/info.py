@@ -123,10 +123,10 @@ def _store_reach(config: RegistryConfig) -> Reach:
     return Reach(True, f"reachable ({config.store_url})")
 
 
-def _registry_reach(url: str, schema: dict[str, str | None]) -> Reach:
+def _registry_reach(url: str, schema: dict[str, str | None], *, retry_s: float) -> Reach:
     from registry.sql.schema import HEAD, current, schema_state
 
-    revision = current(url)
+    revision = current(url, retry_s=retry_s)
     schema.update(revision=revision, head=HEAD, state=schema_state(revision))
     if revision is None:
         return Reach(True, "reachable; no registry yet: `enginectl db upgrade` creates it, and "
@@ -167,5 +167,6 @@ def info(env: Mapping[str, str] | None = None, *,
                     variable=config.variable("cache_dir"))
     schema: dict[str, str | None] = {"revision": None, "head": None, "state": None}
     store = _within(timeout_s, lambda: _store_reach(config))
-    registry = _within(timeout_s, lambda: _registry_reach(config.registry_url, schema))
+    registry = _within(timeout_s, lambda: _registry_reach(  # its own time-out bounds the retry
+        config.registry_url, schema, retry_s=min(config.registry_retry_s, timeout_s)))
     return Info(locations(env), store, registry, dict(schema), runtimes(settings, env))

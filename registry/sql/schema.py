@@ -20,6 +20,7 @@ from registry.errors import SchemaError
 from registry.sql.engine import READONLY, make_engine, safe_url, sqlite_file, translating
 from registry.sql.gclock import SCHEMA_KEY
 from registry.sql.lookup import HEAD as LOOKUP_HEAD
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -158,16 +159,17 @@ def migrate_if(engine: Engine, wanted: set[SchemaState]) -> str | None:
                 _raw_pragma(connection, "foreign_keys = ON")
 
 
-def current(url: str) -> str | None:
+def current(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> str | None:
     """The database's schema revision, or None when it has none yet; reads only (a SQLite
-    file that does not exist is not created, one that does is opened read-only)."""
+    file that does not exist is not created, one that does is opened read-only). A
+    connection fault is retried for *retry_s* (`registry.sql.transient`)."""
     try:
         path = sqlite_file(make_url(url))
     except ArgumentError:
         path = None  # make_engine explains
     if path is not None and not path.exists():
         return None
-    engine = make_engine(url, readonly=path is not None)
+    engine = make_engine(url, readonly=path is not None, retry_s=retry_s)
     try:
         with translating(safe_url(url)):
             return peek_revision(engine)

@@ -75,7 +75,8 @@ def test_info_says_where_everything_is_and_what_answers(env: dict[str, str],
 
 
 def test_a_registry_that_does_not_answer_is_exit_4(env: dict[str, str]) -> None:
-    env = {**env, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody:secret@127.0.0.1:9/x"}
+    env = {**env, "ENGINECTL_REGISTRY_URL": "postgresql+psycopg://nobody:secret@127.0.0.1:9/x",
+           "ENGINECTL_REGISTRY_RETRY_S": "0"}  # refused is a blip, retried (and said) so long
     done = info(env, code=4)
     assert "registry?     FAIL: " in done.stdout
     (line,) = done.stderr.splitlines()
