@@ -7,10 +7,12 @@ the `capacity` field of the report's JSON), so it is evidence like the rest: per
 SKU and fingerprint, in the registry and in the store's records.
 
 `capacity_at` reads the highest rate at which an objective holds: the SLO holds at a measured
-rate when that point and every lower one meets each ceiling it names with no errors; between
-the last point that holds and the first that breaks, the rate is read where the line between
-them crosses the ceiling (interpolation, never past a measured rate); when every point holds,
-the capacity is the highest rate measured, said as a lower bound (`measured_limit`).
+rate when that point and every lower one meets each ceiling it names with no errors. The
+capacity is the last measured rate that held, never a rate read between it and the first that
+broke: latency climbs ever more steeply toward saturation, so a straight line between the two
+points crosses the ceiling too late (bench/advise_check.py measured the SLO broken at such a
+reading), and never past a measured rate; when every point holds, the capacity is the highest
+rate measured, said as a lower bound (`measured_limit`).
 """
 
 from __future__ import annotations
@@ -196,40 +198,11 @@ def capacity_at(curve: Curve, slo: Slo) -> Capacity:
                         ("no rate was measured",),
                         lowest_rate=lowest.rate if lowest else None,
                         shortfall=None if lowest is None else slo.shortfall(lowest))
-    rate = held.rate if broke is None else _crossing(held, broke, slo)
-    fraction = 0.0 if broke is None or broke.rate == held.rate else \
-        (rate - held.rate) / (broke.rate - held.rate)
-    after = broke or held
     return Capacity(
-        rate, measured_limit=broke is None and curve.stopped == "rates",
-        ttft_p95_s=_between(held.ttft_p95_s, after.ttft_p95_s, fraction),
-        tpot_p95_s=_between(held.tpot_p95_s, after.tpot_p95_s, fraction),
-        latency_p50_s=_between(held.latency_p50_s, after.latency_p50_s, fraction),
-        tokens_per_request=held.tokens_per_request, lowest_rate=curve.points[0].rate)
-
-
-def _crossing(held: RatePoint, broke: RatePoint, slo: Slo) -> float:
-    """The rate between *held* and *broke* where the first ceiling is reached, read on the
-    line between the two points (*held*'s rate when *broke* failed requests)."""
-    if broke.errors or not broke.completed:
-        return held.rate
-    limits: list[tuple[float | None, float | None, float]] = [
-        (held.ttft_p95_s, broke.ttft_p95_s, slo.ttft_p95_s)]
-    if slo.tpot_p95_s is not None:
-        limits.append((held.tpot_p95_s, broke.tpot_p95_s, slo.tpot_p95_s))
-    rate = broke.rate
-    for low, high, limit in limits:
-        if low is None or high is None or high <= limit:
-            continue
-        share = (limit - low) / (high - low) if high > low else 0.0
-        rate = min(rate, held.rate + share * (broke.rate - held.rate))
-    return max(held.rate, rate)
-
-
-def _between(low: float | None, high: float | None, fraction: float) -> float | None:
-    if low is None or high is None:
-        return low
-    return low + (high - low) * fraction
+        held.rate, measured_limit=broke is None and curve.stopped == "rates",
+        ttft_p95_s=held.ttft_p95_s, tpot_p95_s=held.tpot_p95_s,
+        latency_p50_s=held.latency_p50_s, tokens_per_request=held.tokens_per_request,
+        lowest_rate=curve.points[0].rate)
 
 
 def tokens_per_request(points: Sequence[RatePoint]) -> float | None:
