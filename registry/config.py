@@ -104,9 +104,9 @@ class RegistryConfig:
     registry_url: str
     cache_dir: Path
     legacy_cache_dirs: tuple[Path, ...] = ()
+    """Older cache places whose entries are still used (moved into *cache_dir* on use)."""
     registry_retry_s: float = REGISTRY_RETRY_DEFAULT_S
     """How long a registry call made without a lease retries a connection fault."""
-    """Older cache places whose entries are still used (moved into *cache_dir* on use)."""
     origins: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     """Where each setting came from: the variable that set it, or how its default was made."""
 

@@ -132,7 +132,7 @@ def fitting_target(ctx: Context, ref: str, found: Found) -> tuple[Found, str] | 
     from registry.ops.alias_fit import comparable, fit
     from registry.sql.alias_targets import alias_targets
 
-    targets = alias_targets(ctx.config.registry_url, ref)
+    targets = alias_targets(ctx.config.registry_url, ref, retry_s=ctx.config.registry_retry_s)
     if not comparable(targets):
         return None
     fitted = fit(ref, found.digest, targets, _installed_toolchain())

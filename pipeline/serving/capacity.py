@@ -18,7 +18,7 @@ rate measured, said as a lower bound (`measured_limit`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
@@ -64,10 +64,6 @@ class Curve:
     stopped: StopReason
     duration_s: float
     max_tokens: int
-
-    @property
-    def highest_rate(self) -> float | None:
-        return self.points[-1].rate if self.points else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"points": [p.as_dict() for p in self.points],
@@ -203,9 +199,3 @@ def capacity_at(curve: Curve, slo: Slo) -> Capacity:
         ttft_p95_s=held.ttft_p95_s, tpot_p95_s=held.tpot_p95_s,
         latency_p50_s=held.latency_p50_s, tokens_per_request=held.tokens_per_request,
         lowest_rate=curve.points[0].rate)
-
-
-def tokens_per_request(points: Sequence[RatePoint]) -> float | None:
-    """The mean output tokens of a request over every point that completed some."""
-    found = [t for p in points if (t := p.tokens_per_request) is not None]
-    return sum(found) / len(found) if found else None

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from registry.sql.lookup import HEAD, reader
+from registry.sql.lookup import HEAD, open_reader
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 _TARGETS = (
     "SELECT e.id, e.digest, e.at, a.kind, a.status, a.toolchain, s.toolchain "
@@ -47,10 +48,12 @@ def _when(value: Any) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
-def alias_targets(url: str, name: str) -> list[Target]:
+def alias_targets(url: str, name: str, *,
+                  retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> list[Target]:
     """Every artifact alias *name* pointed at, newest first, one query; [] for a registry not
-    at the schema head (smoke reports say where they ran only from 0003 on) or without one."""
-    with reader(url) as found:
+    at the schema head (smoke reports say where they ran only from 0003 on) or without one.
+    A connection fault is retried for *retry_s*."""
+    with open_reader(url, retry_s) as found:
         if found.revision() != HEAD:
             return []
         targets: dict[str, Target] = {}

@@ -303,12 +303,6 @@ class _Reader:
         return (rows[0][0], rows[0][1]) if rows else (None, None)
 
 
-def reader(url: str) -> AbstractContextManager[_Reader]:
-    """The registry at *url* on the driver alone, for reads kept off SQLAlchemy elsewhere
-    (`registry.sql.alias_targets`): `rows(sql, *values)` with `?` placeholders."""
-    return _reader(url)
-
-
 @contextmanager
 def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Reader]:
     scheme = url.split("://", 1)[0].split("+", 1)[0]
@@ -342,7 +336,7 @@ def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Re
         raise RegistryError(f"cannot use registry {shown(url)}: {detail}") from exc
 
 
-open_reader = _reader  # for the other driver-only reads (`registry.sql.warm_lookup`)
+open_reader = _reader  # for the other driver-only reads (`warm_lookup`, `alias_targets`)
 json_column = _json
 
 

@@ -153,12 +153,10 @@ class ResilientConnection:
 
         try:
             return retrying(_raising_once(first, again), window_s=self._window_s)
-        except ReplayMismatchError as exc:
+        except ReplayMismatchError:
             self._steps.clear()
             with contextlib.suppress(Exception):
                 self._conn.close()
-            with contextlib.suppress(AttributeError):
-                setattr(first, "__enginectl_replay__", str(exc))  # noqa: B010
             raise first from None
 
     def _run(self, method: str, sql: Any, params: Any, kwargs: dict[str, Any], *,

@@ -142,20 +142,17 @@ def spent(exc: BaseException) -> tuple[Budget, float] | None:
 
 
 def retrying(attempt: Callable[[], T], *, window_s: float = REGISTRY_RETRY_DEFAULT_S,
-             recover: Callable[[], None] | None = None,
              sleep: Callable[[float], object] = time.sleep) -> T:
-    """*attempt()*, again after each transient error (`recover()` first, when given: it may
-    itself raise a transient error, which is retried the same way) with backoff from
+    """*attempt()*, again after each transient error, with backoff from
     FIRST_BACKOFF_S doubling to MAX_BACKOFF_S, while the budget lasts (the last try at its
     deadline, so that a lease's holder has passed it when the call fails). The last error is
     raised unchanged, marked (`spent`) with the budget and how long the call waited; any
     other error is raised at once."""
     started: float | None = None
     backoff = FIRST_BACKOFF_S
-    step = attempt
     while True:
         try:
-            return step()
+            return attempt()
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -174,14 +171,6 @@ def retrying(attempt: Callable[[], T], *, window_s: float = REGISTRY_RETRY_DEFAU
                             " ".join(str(exc).split())[:160], limit.deadline - now)
             sleep(max(0.0, min(backoff, limit.deadline - now)))  # the last try at the deadline
             backoff = min(backoff * 2, MAX_BACKOFF_S)
-            step = attempt if recover is None else _after(recover, attempt)
-
-
-def _after(first: Callable[[], None], then: Callable[[], T]) -> Callable[[], T]:
-    def both() -> T:
-        first()
-        return then()
-    return both
 
 
 def unreachable(url: str, exc: BaseException) -> RegistryUnreachableError | None:
