@@ -89,6 +89,14 @@ def test_refit_refuses_a_missing_weight_and_another_architecture(tmp_path: Path)
     said = tool("trtllm-refit", "--engine_dir", stripped, "--checkpoint_dir", other,
                 "--output_dir", tmp_path / "b", code=1)
     assert "Missing refittable weights" in said
+    for rank in (0, 1):  # every weight there, the first one cut short
+        found = list(read_safetensors(ckpt / f"rank{rank}.safetensors").items())
+        write_safetensors(other / f"rank{rank}.safetensors", {
+            n: (e["dtype"], e["shape"], d[:-2] if i == 0 else d)
+            for i, (n, (e, d)) in enumerate(found)})
+    said = tool("trtllm-refit", "--engine_dir", stripped, "--checkpoint_dir", other,
+                "--output_dir", tmp_path / "d", code=1)
+    assert "Failed to refit weight: `" in said
     tool("trtllm-refit", "--engine_dir", stripped, "--output_dir", tmp_path / "c", code=1)
 
 
