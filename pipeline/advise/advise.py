@@ -25,7 +25,8 @@ def advise(
     fingerprint."""
     from pipeline.errors import NothingProvenError
     from registry.errors import UnknownModelError
-    from registry.sql.curve_records import current_fingerprints, curve_proofs, known_models
+    from registry.sql.curve_records import current_fingerprints, curve_proofs
+    from registry.sql.records import known_models
 
     with ctx.registry.session(readonly=True) as session:
         proofs = curve_proofs(session, model, tuple(RUNTIME_OF))

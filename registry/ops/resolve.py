@@ -285,15 +285,6 @@ def _with_evidence(session: Session, found: list[Candidate]) -> list[Candidate]:
             for c in found]
 
 
-def _known_models(session: Session) -> list[str]:
-    from sqlalchemy import select
-
-    from registry.sql.models import Artifact
-
-    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
-    return sorted(session.scalars(query))
-
-
 def resolve(
     ctx: Context, request: Request, *, explain: bool = False
 ) -> Ranked:
@@ -315,7 +306,9 @@ def resolve(
                                                           for c in found)):
             found = _with_evidence(session, found)  # what the words need
         if not found:
-            known = _known_models(session)
+            from registry.sql.records import known_models
+
+            known = known_models(session)
             if request.model not in known:
                 from registry.errors import UnknownModelError
 

@@ -70,8 +70,3 @@ def current_fingerprints(session: Session) -> dict[str, dict[str, Any]]:
              .order_by(ToolchainRow.probed_at, ToolchainRow.id))
     return {gpu: dict(fingerprint or {}) for gpu, fingerprint in session.execute(query)}
 
-
-def known_models(session: Session) -> list[str]:
-    """The models the registry has an artifact of that is not deleted, sorted."""
-    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
-    return sorted(session.scalars(query))

@@ -318,9 +318,7 @@ def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
     return found
 
 
-
-
-
-
-
-
+def known_models(session: Session) -> list[str]:
+    """The models the registry has an artifact of that is not deleted, sorted."""
+    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
+    return sorted(session.scalars(query))
