@@ -2,24 +2,27 @@
 separate open-loop run.
 
 Run: `.venv/bin/python bench/advise_check.py [--slo-ms 250] [--rates 4,8,16,32,64]
-[--duration 10] [--check-duration 15] [--rounds 3]` from the repository root (≈8 min on 2
-cores; skipped with a message when `scripts/install-vllm --check` fails).
+[--duration 10] [--check-duration 15] [--rounds 3] [--check-rounds N]` from the repository
+root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vllm --check` fails).
 
 1. vLLM's CPU build serves the tiny Llama (`scripts/make_tiny_model.py`; the argv a vLLM
    manifest stores, `--enforce-eager`, max-num-seqs 4) through `smoke()` with
-   `smoke.capacity` set: the open-loop curve at each of --rates for --duration s, stopped once
-   TTFT p95 passes 4 × the objective.
+   `smoke.capacity` set: the open-loop curve at each of --rates for --duration s, in --rounds
+   interleaved rounds (each goes up the rates until TTFT p95 passes 4 × the objective, then
+   the next starts again from the lowest: `smoke.capacity.rounds`).
 2. The report is recorded as the proof of an imported vLLM entry in a fresh registry
    (`history.record_smoke`, as a build records it), and `enginectl advise --ttft-p95 SLO`
-   reads the capacity off it.
+   reads the capacity off it (the highest rate at which every round held, and every lower
+   rate too).
 3. A second server, new schedules (other seeds): `run_rate` at the advised capacity and at
-   1.5× it, --check-duration s each, interleaved for --rounds rounds (so that a neighbour's
-   load falls on both sides alike). The claim holds when the median of the rounds' TTFT p95
-   is within the objective at the capacity and beyond it at 1.5×.
+   1.5× it, --check-duration s each, interleaved for --check-rounds rounds (default:
+   --rounds), so that a neighbour's load falls on both sides alike. The claim holds when the
+   median of the rounds' TTFT p95 is within the objective at the capacity and beyond it at
+   1.5×.
 
 `--quick` checks that the script runs, in seconds and without vLLM: the same three steps
-against the stdlib stand-in server (tests/fakes/openai_server.py), two rates of a second each;
-its verdict means nothing.
+against the stdlib stand-in server (tests/fakes/openai_server.py), two rates of a second
+each in two rounds, one check round; its verdict means nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 from _support import ENGINECTL, add_quick, exit_on_signals, loadavg, log, machine, quick_mode
 from smoke_overhead import VLLM_ENV, fake_template, tiny_model, vllm_python, vllm_template
 
+from pipeline.recipe.fields import MAX_CAPACITY_ROUNDS
 from pipeline.recipe.schema import CapacitySettings, SmokeSettings
 from pipeline.serving.checks import load_body
 from pipeline.serving.openloop import run_rate
@@ -59,14 +63,20 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="s per curve rate")
     parser.add_argument("--check-duration", type=float, default=15.0,
                         help="s of each check run")
-    parser.add_argument("--rounds", type=int, default=3, help="check rounds, interleaved")
+    parser.add_argument("--rounds", type=_rounds, default=3,
+                        help="the curve's rounds, interleaved (smoke.capacity.rounds)")
+    parser.add_argument("--check-rounds", type=_rounds, default=None,
+                        help="check rounds, interleaved (default: --rounds)")
     parser.add_argument("--max-tokens", type=int, default=16)
     add_quick(parser)
     args = parser.parse_args()
     exit_on_signals()
     quick = quick_mode(args.quick)
     if quick:
-        args.rates, args.duration, args.check_duration, args.rounds = "4,8", 1.0, 1.0, 1
+        args.rates, args.duration, args.check_duration = "4,8", 1.0, 1.0
+        args.rounds, args.check_rounds = 2, 1
+    if args.check_rounds is None:
+        args.check_rounds = args.rounds
     with tempfile.TemporaryDirectory(prefix="advise-check-") as tmp:
         if quick:  # the stand-in answers at once: a config.json makes a model of a folder
             model = Path(tmp) / "model"
@@ -88,18 +98,23 @@ def check(args: argparse.Namespace, template: list[str], model: Path, work: Path
         prompts=PROMPTS, max_tokens=args.max_tokens, concurrency=[1], requests=4,
         ready_timeout_s=900, request_timeout_s=120,
         capacity=CapacitySettings(rates=rates, duration_s=args.duration,
-                                  ttft_p95_ms=4 * args.slo_ms, tpot_p95_ms=10_000))
+                                  ttft_p95_ms=4 * args.slo_ms, tpot_p95_ms=10_000,
+                                  rounds=args.rounds))
     log(f"machine: {machine()}; load average {loadavg()}")
-    log("1. smoke with the capacity curve ...")
+    log(f"1. smoke with the capacity curve, {args.rounds} rounds ...")
     report = smoke(template, model_dir=model, served_name=MODEL, settings=settings,
                    max_input_len=128, price_per_hour=0.10, log_path=work / "smoke.log",
                    env=VLLM_ENV)
     if not report.passed or report.capacity is None:
         sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
-    log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s")
+    log(f"   load average {loadavg()}; per rate: the worst round's p95s, the median round's "
+        "p50 and tokens/s, then each round's TTFT p95")
+    log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s  rounds' TTFT p95 ms")
     for p in report.capacity.points:
+        each = ", ".join(_ms(s.ttft_p95_s) for s in p.samples)
         log(f"   {p.rate:5g} {p.sent:5d} {p.errors:6d}  {_ms(p.ttft_p50_s):>7} / "
-            f"{_ms(p.ttft_p95_s):>6}  {_ms(p.tpot_p95_s):>10}  {p.output_tokens_per_s:8.1f}")
+            f"{_ms(p.ttft_p95_s):>6}  {_ms(p.tpot_p95_s):>10}  {p.output_tokens_per_s:8.1f}"
+            f"  {each} ({len(p.samples)} of {report.capacity.rounds})")
     log(f"   stopped: {report.capacity.stopped}")
 
     home = work / "home"
@@ -123,7 +138,7 @@ def check(args: argparse.Namespace, template: list[str], model: Path, work: Path
     log(f"2. advise: capacity {capacity:.2f} requests/s at TTFT p95 {args.slo_ms:g} ms"
         + (" (a lower bound: every rate held)" if row["capacity_is_lower_bound"] else ""))
 
-    log("3. check runs on a second server ...")
+    log(f"3. check runs on a second server, {args.check_rounds} rounds ...")
     p95s = check_runs(template, model, settings, work, capacity=capacity, args=args)
     slo = args.slo_ms / 1000
     middle = {label: statistics.median(values) for label, values in p95s.items()}
@@ -143,7 +158,7 @@ def check_runs(template: list[str], model: Path, settings: SmokeSettings, work: 
                  log_path=work / "check.log", env={**VLLM_ENV, "BENCH": uuid.uuid4().hex}
                  ) as ready:
         body = load_body(ready.client, MODEL, check)
-        for round_ in range(args.rounds):
+        for round_ in range(args.check_rounds):
             for label, rate in (("capacity", capacity), ("1.5 × capacity", 1.5 * capacity)):
                 p = run_rate(ready.client, body, PROMPTS, rate=rate,
                              duration_s=args.check_duration, seed=7 + round_)
@@ -153,6 +168,18 @@ def check_runs(template: list[str], model: Path, settings: SmokeSettings, work: 
                     f"sent, {p.errors} errors, TTFT p50 {_ms(p.ttft_p50_s)} ms, p95 "
                     f"{_ms(p.ttft_p95_s)} ms; load average {loadavg()}")
     return p95s
+
+
+def _rounds(text: str) -> int:
+    """--rounds and --check-rounds: a whole number of rounds, as smoke.capacity.rounds."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CAPACITY_ROUNDS:
+        raise argparse.ArgumentTypeError(
+            f"not a number of rounds from 1 to {MAX_CAPACITY_ROUNDS}: {text!r}")
+    return value
 
 
 def _ms(seconds: float | None) -> str:

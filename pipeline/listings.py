@@ -152,7 +152,8 @@ def show_lines(info: dict[str, Any]) -> list[str]:
 
 def curve_line(value: object) -> str | None:
     """`1/s 50/12 ms · 2/s 80/14 ms … (TTFT/TPOT p95; stopped: ttft)`: a report's capacity
-    curve on one line (None when it has none)."""
+    curve on one line (None when it has none); measured in rounds, each rate's worst round,
+    and `[2 of 3]` after a rate that only some rounds reached."""
     from pipeline.serving.capacity import curve_from_dict
 
     found = curve_from_dict(value)
@@ -163,8 +164,11 @@ def curve_line(value: object) -> str | None:
         return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
     points = " · ".join(f"{p.rate:g}/s {ms(p.ttft_p95_s)}/{ms(p.tpot_p95_s)} ms"
-                        + (f" ({p.errors} errors)" if p.errors else "") for p in found.points)
-    return f"{points} (TTFT/TPOT p95; stopped: {found.stopped})"
+                        + (f" ({p.errors} errors)" if p.errors else "")
+                        + (f" [{len(p.samples)} of {found.rounds}]"
+                           if len(p.samples) < found.rounds else "") for p in found.points)
+    rounds = f", the worst of {found.rounds} rounds" if found.rounds > 1 else ""
+    return f"{points} (TTFT/TPOT p95{rounds}; stopped: {found.stopped})"
 
 
 def _versions(toolchain: dict[str, Any] | None) -> str:

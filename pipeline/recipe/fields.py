@@ -5,7 +5,8 @@ Limits: a recipe is a few KB. What `plan` does with one is bounded, so that it a
 under a second for anything accepted (bench/README.md, `plan_speed.py`): the file is at most
 MAX_RECIPE_BYTES (PyYAML reads ~2 MB/s of dense YAML), every list has a cap (MAX_AXIS values
 per matrix axis, MAX_SHAPES shapes, MAX_FILTERS exclude or include entries, MAX_SMOKE_ITEMS
-prompts, references and prices, MAX_LEVELS concurrency levels), and the matrix makes at most
+prompts, references and prices, MAX_LEVELS concurrency levels or capacity rates,
+MAX_CAPACITY_ROUNDS rounds of a capacity curve), and the matrix makes at most
 MAX_TARGETS targets.
 """
 
@@ -44,6 +45,7 @@ MAX_SHAPES = 64
 MAX_FILTERS = 64  # exclude or include entries
 MAX_SMOKE_ITEMS = 64  # prompts, reference outputs, GPU prices
 MAX_LEVELS = 16  # smoke concurrency levels: each is a load run
+MAX_CAPACITY_ROUNDS = 10  # rounds of a capacity curve: each goes up every rate again
 MAX_TARGETS = 512  # before exclude, includes added: plan keys ~2000 targets a second
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.recipe.fields import (
+    MAX_CAPACITY_ROUNDS,
     MAX_FILTERS,
     MAX_LEVELS,
     MAX_SMOKE_ITEMS,
@@ -122,8 +123,9 @@ class CapacitySettings(StrictModel):
     """The open-loop capacity curve a smoke measures when the recipe asks (`smoke.capacity`,
     `pipeline.serving.openloop`): Poisson arrivals at each of *rates* (requests/s, ascending)
     for *duration_s* seconds each, with the smoke's prompts and `max_tokens`, until TTFT p95
-    passes *ttft_p95_ms* or TPOT p95 passes *tpot_p95_ms* (or requests fail). `{}` takes the
-    defaults: 1 to 32 requests/s doubling, 5 s each, ceilings 2000 ms and 200 ms."""
+    passes *ttft_p95_ms* or TPOT p95 passes *tpot_p95_ms* (or requests fail); *rounds* times
+    over, interleaved (`pipeline.serving.capacity`). `{}` takes the defaults: 1 to 32
+    requests/s doubling, 5 s each, ceilings 2000 ms and 200 ms, 3 rounds."""
 
     rates: Annotated[
         list[Annotated[float, Field(gt=0, le=100_000)]], Field(min_length=1, max_length=MAX_LEVELS)
@@ -132,6 +134,7 @@ class CapacitySettings(StrictModel):
     ttft_p95_ms: float = Field(default=2000.0, gt=0, le=3_600_000)
     tpot_p95_ms: float = Field(default=200.0, gt=0, le=3_600_000)
     seed: int = Field(default=0, ge=0)
+    rounds: int = Field(default=3, ge=1, le=MAX_CAPACITY_ROUNDS)
 
     @field_validator("rates")
     @classmethod

@@ -6,11 +6,21 @@ tokens/s delivered and the errors. It is stored in the smoke report (`SmokeRepor
 the `capacity` field of the report's JSON), so it is evidence like the rest: per artifact, GPU
 SKU and fingerprint, in the registry and in the store's records.
 
+The rates are measured in *rounds*, interleaved: each round goes up the rates, lowest first,
+until one of its points passes a ceiling, then the next round starts again from the lowest
+(so a neighbour's burst of load falls on one round of a few rates, not on every sample of
+one rate). A curve point is its rate's rounds combined (`combined`): the p95s are the worst
+round's, the p50s, request time and tokens/s the median round's, the counts summed; the
+rounds themselves are kept in the point (`RatePoint.rounds`, the JSON's `rounds`). A report
+from before rounds holds one sample per rate: one round.
+
 `capacity_at` reads the highest rate at which an objective holds: the SLO holds at a measured
-rate when that point and every lower one meets each ceiling it names with no errors. The
-capacity is the last measured rate that held, never a rate read between it and the first that
-broke: latency climbs ever more steeply toward saturation, so a straight line between the two
-points crosses the ceiling too late (bench/advise_check.py measured the SLO broken at such a
+rate when, in every round, that rate and every lower one met each ceiling it names with no
+errors (a rate that a round never reached, having passed a ceiling below it, did not hold).
+A single slow round lowers the reading; no round, however fast, raises it. The capacity is
+the last measured rate that held, never a rate read between it and the first that broke:
+latency climbs ever more steeply toward saturation, so a straight line between the two points
+crosses the ceiling too late (bench/advise_check.py measured the SLO broken at such a
 reading), and never past a measured rate; when every point holds, the capacity is the highest
 rate measured, said as a lower bound (`measured_limit`).
 """
@@ -18,8 +28,9 @@ rate measured, said as a lower bound (`measured_limit`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, Literal
 
 STOP_REASONS: Final = ("ttft", "tpot", "errors", "rates")
@@ -43,57 +54,127 @@ class RatePoint:
     output_tokens: int  # of the completed requests
     output_tokens_per_s: float  # those tokens over the first send to the last answer's end
     first_error: str | None = None
+    rounds: tuple[RatePoint, ...] = ()  # the rounds combined into this point (`combined`)
 
     @property
     def tokens_per_request(self) -> float | None:
         """Mean output tokens of a completed request (None: none completed)."""
         return self.output_tokens / self.completed if self.completed else None
 
+    @property
+    def samples(self) -> tuple[RatePoint, ...]:
+        """Each round's own point at this rate, in round order (one: the point itself)."""
+        return self.rounds or (self,)
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        found = asdict(replace(self, rounds=()))
+        del found["rounds"]
+        if self.rounds:
+            found["rounds"] = [sample.as_dict() for sample in self.rounds]
+        return found
+
+
+def combined(samples: Sequence[RatePoint]) -> RatePoint:
+    """One rate's rounds as one point: TTFT and TPOT p95 the worst round's (the figures an
+    objective must meet in every round), the p50s, the request p50 time and tokens/s the
+    median round's, the counts and windows summed, the first error the first round's that
+    had one. One sample is returned as it is."""
+    if len(samples) == 1:
+        return samples[0]
+
+    def worst(values: Sequence[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return max(found) if found else None
+
+    def middle(values: Sequence[float | None]) -> float | None:
+        found = [v for v in values if v is not None]
+        return statistics.median(found) if found else None
+
+    first = samples[0]
+    return RatePoint(
+        rate=first.rate, sent=sum(s.sent for s in samples),
+        completed=sum(s.completed for s in samples), errors=sum(s.errors for s in samples),
+        duration_s=sum(s.duration_s for s in samples),
+        ttft_p50_s=middle([s.ttft_p50_s for s in samples]),
+        ttft_p95_s=worst([s.ttft_p95_s for s in samples]),
+        tpot_p50_s=middle([s.tpot_p50_s for s in samples]),
+        tpot_p95_s=worst([s.tpot_p95_s for s in samples]),
+        latency_p50_s=middle([s.latency_p50_s for s in samples]),
+        output_tokens=sum(s.output_tokens for s in samples),
+        output_tokens_per_s=statistics.median(s.output_tokens_per_s for s in samples),
+        first_error=next((s.first_error for s in samples if s.first_error), None),
+        rounds=tuple(samples))
 
 
 @dataclass(frozen=True, slots=True)
 class Curve:
-    """The measured points (ascending rate), the ceilings the measurement stopped at, and
-    why it stopped: the TTFT or TPOT ceiling passed, requests failed, or the rates ran out."""
+    """The measured points (ascending rate, each its rounds combined), the ceilings the
+    measurement stopped at, why it stopped (the TTFT or TPOT ceiling passed, requests failed,
+    or the rates ran out: the reason of the round that stopped lowest), and how many rounds
+    it ran."""
 
     points: tuple[RatePoint, ...]
     ttft_p95_ceiling_s: float
     tpot_p95_ceiling_s: float
     stopped: StopReason
-    duration_s: float
+    duration_s: float  # of each rate in each round
     max_tokens: int
+    rounds: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"points": [p.as_dict() for p in self.points],
                 "ttft_p95_ceiling_s": self.ttft_p95_ceiling_s,
                 "tpot_p95_ceiling_s": self.tpot_p95_ceiling_s, "stopped": self.stopped,
-                "duration_s": self.duration_s, "max_tokens": self.max_tokens}
+                "duration_s": self.duration_s, "max_tokens": self.max_tokens,
+                "rounds": self.rounds}
+
+
+def curve_of_rounds(rounds: Sequence[tuple[Sequence[RatePoint], StopReason]], *,
+                    ttft_p95_ceiling_s: float, tpot_p95_ceiling_s: float, duration_s: float,
+                    max_tokens: int) -> Curve:
+    """The curve of *rounds*, each the points one round measured (ascending rate) and why it
+    stopped: the points of each rate combined (`combined`), in round order."""
+    by_rate: dict[float, list[RatePoint]] = {}
+    for points, _ in rounds:
+        for point in points:
+            by_rate.setdefault(point.rate, []).append(point)
+    stops = [(len(points), reason) for points, reason in rounds if reason != "rates"]
+    stopped: StopReason = min(stops, key=lambda stop: stop[0])[1] if stops else "rates"
+    return Curve(tuple(combined(by_rate[rate]) for rate in sorted(by_rate)),
+                 ttft_p95_ceiling_s, tpot_p95_ceiling_s, stopped, duration_s, max_tokens,
+                 max(len(rounds), 1))
 
 
 def curve_from_dict(value: object) -> Curve | None:
     """The curve a report's `capacity` field holds; None when it holds none or not one this
-    reader knows (a report from before curves, or damaged): never an error."""
+    reader knows (a report from before curves, or damaged): never an error. A report from
+    before rounds (no `rounds`) reads as one round."""
     if not isinstance(value, Mapping):
         return None
     try:
         points = tuple(_point(p) for p in value["points"])
         stopped = str(value["stopped"])
-        if stopped not in STOP_REASONS:
+        rounds = int(value.get("rounds", 1))
+        if stopped not in STOP_REASONS or rounds < 1:
             return None
         return Curve(points, float(value["ttft_p95_ceiling_s"]),
                      float(value["tpot_p95_ceiling_s"]), stopped,  # type: ignore[arg-type]
-                     float(value["duration_s"]), int(value["max_tokens"]))
+                     float(value["duration_s"]), int(value["max_tokens"]), rounds)
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def _point(value: Mapping[str, Any]) -> RatePoint:
+def _point(value: object) -> RatePoint:
+    if not isinstance(value, Mapping):
+        raise TypeError("a point is not a mapping")
+
     def number(name: str) -> float | None:
         found = value.get(name)
         return None if found is None else float(found)
 
+    rounds = value.get("rounds") or ()
+    if not isinstance(rounds, list | tuple):
+        raise TypeError("rounds is not a list")
     return RatePoint(
         rate=float(value["rate"]), sent=int(value["sent"]), completed=int(value["completed"]),
         errors=int(value["errors"]), duration_s=float(value["duration_s"]),
@@ -101,7 +182,8 @@ def _point(value: Mapping[str, Any]) -> RatePoint:
         tpot_p50_s=number("tpot_p50_s"), tpot_p95_s=number("tpot_p95_s"),
         latency_p50_s=number("latency_p50_s"), output_tokens=int(value["output_tokens"]),
         output_tokens_per_s=float(value.get("output_tokens_per_s") or 0.0),
-        first_error=value.get("first_error"))
+        first_error=value.get("first_error"),
+        rounds=tuple(_point(sample) for sample in rounds))
 
 
 def stop_reason(point: RatePoint, ttft_ceiling_s: float, tpot_ceiling_s: float
@@ -127,16 +209,21 @@ class Slo:
     ttft_p95_s: float
     tpot_p95_s: float | None = None
 
-    def misses(self, point: RatePoint) -> list[str]:
-        """What *point* misses of this objective, one phrase each (empty: it holds)."""
+    def misses(self, point: RatePoint, rounds: int = 1) -> list[str]:
+        """What *point*, combined from its rounds, misses of this objective in any of them,
+        one phrase each (empty: it held in every one of the curve's *rounds*)."""
         found = []
+        if len(point.samples) < rounds:
+            found.append(f"reached in {len(point.samples)} of {rounds} rounds (the others "
+                         "passed a ceiling below it)")
         if point.errors or not point.completed:
             found.append(f"{point.errors}/{point.sent} requests failed")
+        worst = f" (the worst of {len(point.samples)} rounds)" if point.rounds else ""
         if point.ttft_p95_s is None or point.ttft_p95_s > self.ttft_p95_s:
-            found.append(_over("TTFT", point.ttft_p95_s, self.ttft_p95_s))
+            found.append(_over("TTFT", point.ttft_p95_s, self.ttft_p95_s) + worst)
         if self.tpot_p95_s is not None and (
                 point.tpot_p95_s is None or point.tpot_p95_s > self.tpot_p95_s):
-            found.append(_over("TPOT", point.tpot_p95_s, self.tpot_p95_s))
+            found.append(_over("TPOT", point.tpot_p95_s, self.tpot_p95_s) + worst)
         return found
 
     def shortfall(self, point: RatePoint) -> float:
@@ -177,6 +264,7 @@ class Capacity:
     missed: tuple[str, ...] = field(default=())  # at the lowest rate, when rate is None
     lowest_rate: float | None = None
     shortfall: float | None = None  # when rate is None: the worst figure ÷ its ceiling − 1
+    rounds: int = 1  # the rounds each rate was measured in
 
 
 def capacity_at(curve: Curve, slo: Slo) -> Capacity:
@@ -184,18 +272,19 @@ def capacity_at(curve: Curve, slo: Slo) -> Capacity:
     held: RatePoint | None = None
     broke: RatePoint | None = None
     for point in curve.points:
-        if slo.misses(point):
+        if slo.misses(point, curve.rounds):
             broke = point
             break
         held = point
     if held is None:
         lowest = curve.points[0] if curve.points else None
-        return Capacity(None, missed=tuple(slo.misses(lowest)) if lowest else
+        return Capacity(None, missed=tuple(slo.misses(lowest, curve.rounds)) if lowest else
                         ("no rate was measured",),
                         lowest_rate=lowest.rate if lowest else None,
-                        shortfall=None if lowest is None else slo.shortfall(lowest))
+                        shortfall=None if lowest is None else slo.shortfall(lowest),
+                        rounds=curve.rounds)
     return Capacity(
         held.rate, measured_limit=broke is None and curve.stopped == "rates",
         ttft_p95_s=held.ttft_p95_s, tpot_p95_s=held.tpot_p95_s,
         latency_p50_s=held.latency_p50_s, tokens_per_request=held.tokens_per_request,
-        lowest_rate=curve.points[0].rate)
+        lowest_rate=curve.points[0].rate, rounds=curve.rounds)

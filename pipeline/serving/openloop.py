@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from pipeline.recipe.schema import CapacitySettings
-from pipeline.serving.capacity import Curve, RatePoint, StopReason, stop_reason
+from pipeline.serving.capacity import Curve, RatePoint, StopReason, curve_of_rounds, stop_reason
 from pipeline.serving.loadgen import TRANSPORT_ERRORS, Client, Streamed, percentile
 
 MAX_IN_FLIGHT: Final = 1024  # requests on the wire at once; an arrival past it is an error
@@ -115,17 +115,23 @@ def measure_curve(
     client: Client, body: Mapping[str, Any], prompts: Sequence[str],
     settings: CapacitySettings, *, max_tokens: int,
 ) -> Curve:
-    """Run `run_rate` at each of *settings*' rates, lowest first, until a point passes a
-    ceiling or fails requests (`pipeline.serving.capacity.stop_reason`)."""
+    """*settings*' rounds, interleaved: each runs `run_rate` at the rates, lowest first, until
+    a point passes a ceiling or fails requests (`pipeline.serving.capacity.stop_reason`);
+    round *n* draws its arrivals from seed + *n*. The points of each rate combined
+    (`pipeline.serving.capacity.curve_of_rounds`)."""
     ttft_ceiling, tpot_ceiling = settings.ttft_p95_ms / 1000, settings.tpot_p95_ms / 1000
-    points: list[RatePoint] = []
-    stopped: StopReason = "rates"
-    for rate in settings.rates:
-        point = run_rate(client, body, prompts, rate=rate, duration_s=settings.duration_s,
-                         seed=settings.seed)
-        points.append(point)
-        if (reason := stop_reason(point, ttft_ceiling, tpot_ceiling)) is not None:
-            stopped = reason
-            break
-    return Curve(tuple(points), ttft_ceiling, tpot_ceiling, stopped, settings.duration_s,
-                 max_tokens)
+    rounds: list[tuple[list[RatePoint], StopReason]] = []
+    for index in range(settings.rounds):
+        points: list[RatePoint] = []
+        stopped: StopReason = "rates"
+        for rate in settings.rates:
+            point = run_rate(client, body, prompts, rate=rate,
+                             duration_s=settings.duration_s, seed=settings.seed + index)
+            points.append(point)
+            if (reason := stop_reason(point, ttft_ceiling, tpot_ceiling)) is not None:
+                stopped = reason
+                break
+        rounds.append((points, stopped))
+    return curve_of_rounds(rounds, ttft_p95_ceiling_s=ttft_ceiling,
+                           tpot_p95_ceiling_s=tpot_ceiling, duration_s=settings.duration_s,
+                           max_tokens=max_tokens)

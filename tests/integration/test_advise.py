@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.serving.capacity import Curve, RatePoint
+from pipeline.serving.capacity import Curve, RatePoint, curve_of_rounds
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.ops.adopt import ImportSpec, import_artifact
@@ -324,7 +324,8 @@ def test_a_build_records_the_curve_and_advise_follows_the_pool_fingerprint(
 
     box = Box(tmp_path, f"sqlite:///{tmp_path / 'home' / 'registry.db'}", max_regression=0.99)
     recipe = yaml.safe_load(box.recipe.read_text())
-    recipe["smoke"]["capacity"] = {"rates": [2, 60], "duration_s": 0.5, "ttft_p95_ms": 400}
+    recipe["smoke"]["capacity"] = {"rates": [2, 60], "duration_s": 0.5, "ttft_p95_ms": 400,
+                                   "rounds": 2}
     box.recipe.write_text(yaml.safe_dump(recipe))
     slow = {"FAKE_OPENAI_MAX_RUNNING": "1", "FAKE_OPENAI_TOKEN_DELAY_S": "0.01"}
     box.run("build", str(box.recipe), env=slow)
@@ -333,7 +334,9 @@ def test_a_build_records_the_curve_and_advise_follows_the_pool_fingerprint(
     servable = [a["digest"] for a in listed if a["kind"] in ("trtllm-engine",
                                                             "trtllm-checkpoint")]
     assert len(servable) == 2
-    assert "    curve   2/s " in box.run("show", servable[0]).stdout
+    shown = box.run("show", servable[0]).stdout
+    assert "    curve   2/s " in shown
+    assert "(TTFT/TPOT p95, the worst of 2 rounds; stopped: " in shown
     advice = json.loads(box.run("advise", "--model", "toy", "--ttft-p95", "400ms", "--rate",
                                 "1/s", "--json").stdout)
     assert sorted(o["digest"] for o in advice["ranked"]) == sorted(servable)
@@ -353,3 +356,63 @@ def test_a_build_records_the_curve_and_advise_follows_the_pool_fingerprint(
     advice = json.loads(box.run("advise", "--model", "toy", "--ttft-p95", "400ms", "--rate",
                                 "1/s", "--json").stdout)
     assert {o["proof"]["fingerprint"]["driver"] for o in advice["ranked"]} == {NEW}
+
+
+def _sample(rate: float, ttft: float) -> RatePoint:
+    return RatePoint(rate=rate, sent=int(rate * 5), completed=int(rate * 5), errors=0,
+                     duration_s=5.0, ttft_p50_s=ttft / 2, ttft_p95_s=ttft, tpot_p50_s=0.01,
+                     tpot_p95_s=0.02, latency_p50_s=0.5, output_tokens=int(rate * 5) * 32,
+                     output_tokens_per_s=32 * rate)
+
+
+def test_curves_in_rounds_and_curves_from_before_rounds_both_serve_advise_show_and_compare(
+        tmp_path: Path) -> None:
+    """A proof whose curve was measured in three interleaved rounds (one slow round passed
+    the ceiling at 8/s and never sent 16/s: the capacity is 4/s, where every round held),
+    beside a proof stored before rounds (one sample per rate, no `rounds` in its JSON):
+    advise, show and compare read both."""
+    home = tmp_path / "home"
+    ctx = Context(RegistryConfig.from_env({"ENGINECTL_HOME": str(home)}))
+    try:
+        rounds = import_artifact(ctx, checkpoint_dir(tmp_path / "rounds", 11), ImportSpec(
+            kind="vllm", model="r", quant="bf16", status="ready")).digest
+        old = import_artifact(ctx, checkpoint_dir(tmp_path / "old", 12), ImportSpec(
+            kind="vllm", model="r", quant="fp8", status="ready")).digest
+        curve = curve_of_rounds([
+            ([_sample(2, 0.1), _sample(4, 0.2), _sample(8, 0.25), _sample(16, 0.9)], "rates"),
+            ([_sample(2, 0.1), _sample(4, 0.25), _sample(8, 2.5)], "ttft"),
+            ([_sample(2, 0.1), _sample(4, 0.1), _sample(8, 0.2), _sample(16, 0.8)], "rates"),
+        ], ttft_p95_ceiling_s=2.0, tpot_p95_ceiling_s=0.2, duration_s=5.0, max_tokens=32)
+        before = report_with([(1, 0.1, 0.5), (2, 0.2, 0.6), (4, 0.4, 0.9)], price=3.0)
+        for point in before["capacity"]["points"]:
+            assert "rounds" not in point
+        del before["capacity"]["rounds"]  # as a report from before rounds stored it
+        for digest, report in ((rounds, {**before, "capacity": curve.as_dict()}),
+                               (old, before)):
+            history.record_smoke(ctx, digest, True, report, status="ready", gpu=H100,
+                                 toolchain=NOW)
+    finally:
+        ctx.close()
+
+    advice = json.loads(cli(home, "advise", "--model", "r", "--ttft-p95", "300ms", "--rate",
+                            "8/s", "--json").stdout)
+    found = {o["digest"]: o for o in advice["ranked"]}
+    assert found[rounds]["capacity_rps"] == 4  # 8/s broke in one round of three
+    assert found[rounds]["at_capacity"]["ttft_p95_s"] == 0.25  # the worst round at 4/s
+    assert found[rounds]["at_capacity"]["rounds"] == 3
+    assert (found[old]["capacity_rps"], found[old]["at_capacity"]["rounds"]) == (2, 1)
+
+    shown = cli(home, "show", rounds).stdout
+    assert ("    curve   2/s 100/20 ms · 4/s 250/20 ms · 8/s 2500/20 ms · "
+            "16/s 900/20 ms [2 of 3] (TTFT/TPOT p95, the worst of 3 rounds; stopped: ttft)"
+            ) in shown
+    assert ("    curve   1/s 100/20 ms · 2/s 200/20 ms · 4/s 400/20 ms "
+            "(TTFT/TPOT p95; stopped: ttft)") in cli(home, "show", old).stdout
+    page = tmp_path / "compare.html"
+    cli(home, "compare", "--model", "r", "--html", str(page))
+    chart = page.read_text().split('<svg id="capacity"', 1)[1]
+    assert f'data-digest="{rounds}"' in chart
+    assert f'data-digest="{old}"' in chart
+    rows = json.loads(cli(home, "compare", "--model", "r", "--json").stdout)["rows"]
+    assert {r["digest"]: [p["rate"] for p in r["capacity"]] for r in rows} == \
+        {rounds: [2, 4, 8, 16], old: [1, 2, 4]}

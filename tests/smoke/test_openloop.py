@@ -16,12 +16,12 @@ from tests.smoke.test_harness import run
 ONE_SLOT = {"FAKE_OPENAI_MAX_RUNNING": "1", "FAKE_OPENAI_TOKEN_DELAY_S": "0.01"}
 
 
-def test_the_curve_goes_up_the_rates_until_ttft_passes_its_ceiling(
+def test_each_round_goes_up_the_rates_until_ttft_passes_its_ceiling(
     fake_argv: list[str], model_dir: Path, settings: SmokeSettings, tmp_path: Path
 ) -> None:
     # one slot, 4 tokens × 10 ms: ~25 requests/s; 2/s is served at once, 60/s queues
     asked = CapacitySettings(rates=[2, 60, 120], duration_s=0.5, ttft_p95_ms=400,
-                             tpot_p95_ms=1000)
+                             tpot_p95_ms=1000, rounds=2)
     report = run(fake_argv, model_dir, settings.model_copy(update={"capacity": asked}),
                  tmp_path, env=ONE_SLOT)
 
@@ -39,6 +39,12 @@ def test_the_curve_goes_up_the_rates_until_ttft_passes_its_ceiling(
     assert high.ttft_p95_s is not None
     assert high.ttft_p95_s > 0.4
     assert high.sent > low.sent
+    assert curve.rounds == 2
+    for combined in (low, high):  # each rate's two rounds, kept, their own arrivals each
+        first, second = combined.samples
+        assert first.rate == second.rate == combined.rate
+        assert first.sent + second.sent == combined.sent
+        assert combined.ttft_p95_s == max(first.ttft_p95_s or 0, second.ttft_p95_s or 0)
     stored = json.loads(json.dumps(report.as_dict()))["capacity"]  # plain JSON, read back
     assert curve_from_dict(stored) == curve
 

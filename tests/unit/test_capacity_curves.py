@@ -3,6 +3,7 @@ proof selection; the SLO inputs as written. Pure."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,7 +12,15 @@ import pytest
 
 from pipeline.advise.decide import costs, decide, plan_replicas
 from pipeline.advise.inputs import parse_duration, parse_prices, parse_rate
-from pipeline.serving.capacity import Curve, RatePoint, Slo, capacity_at, curve_from_dict
+from pipeline.serving.capacity import (
+    Curve,
+    RatePoint,
+    Slo,
+    capacity_at,
+    combined,
+    curve_from_dict,
+    curve_of_rounds,
+)
 from registry.errors import UsageError
 from registry.sql.curve_records import CurveProof
 
@@ -75,6 +84,103 @@ def test_a_curve_reads_back_from_its_json_and_junk_reads_as_none() -> None:
     assert curve_from_dict(None) is None
     assert curve_from_dict({"points": "x"}) is None
     assert curve_from_dict({**made.as_dict(), "stopped": "bored"}) is None
+
+
+def rounds_curve(*rounds: list[RatePoint], stops: tuple[str, ...] = ()) -> Curve:
+    """A curve of *rounds* (each a round's points), each stopped by its entry in *stops*
+    (default: the TTFT ceiling)."""
+    reasons = stops or ("ttft",) * len(rounds)
+    return curve_of_rounds(list(zip(rounds, reasons, strict=True)),  # type: ignore[arg-type]
+                           ttft_p95_ceiling_s=2.0, tpot_p95_ceiling_s=0.2, duration_s=10.0,
+                           max_tokens=32)
+
+
+def test_a_rates_rounds_combine_into_its_worst_p95_and_median_p50() -> None:
+    found = combined([point(4, 0.2, 0.03), point(4, 0.6, 0.01), point(4, 0.1, 0.02)])
+    assert found.rate == 4
+    assert found.ttft_p95_s == pytest.approx(0.6)  # the worst round
+    assert found.tpot_p95_s == pytest.approx(0.03)
+    assert found.ttft_p50_s == pytest.approx(0.1)  # the median round's (0.05, 0.3, 0.1)
+    assert (found.sent, found.completed, found.duration_s) == (120, 120, 30.0)
+    assert found.tokens_per_request == 32
+    assert [s.ttft_p95_s for s in found.samples] == [0.2, 0.6, 0.1]
+    lone = point(4, 0.2)
+    assert combined([lone]) is lone
+    assert lone.samples == (lone,)
+
+
+def test_capacity_needs_every_round_to_hold_at_that_rate_and_below() -> None:
+    """Two rounds of three held at 8/s; the third's 400 ms there breaks it: 4/s, where all
+    three held. A fast round never lifts a rate that a slow one broke."""
+    found = capacity_at(rounds_curve(
+        [point(2, 0.1), point(4, 0.2), point(8, 0.25), point(16, 0.9)],
+        [point(2, 0.1), point(4, 0.25), point(8, 0.4), point(16, 1.2)],
+        [point(2, 0.1), point(4, 0.1), point(8, 0.2), point(16, 0.8)]), Slo(0.3))
+    assert found.rate == 4
+    assert found.ttft_p95_s == pytest.approx(0.25)  # the worst round at 4/s
+    assert found.rounds == 3
+
+
+def test_a_rate_that_only_some_rounds_reached_did_not_hold() -> None:
+    """The second round passed the curve's ceiling at 4/s and never sent 8/s: 8/s, fast in
+    the two rounds that reached it, is not the capacity."""
+    made = rounds_curve([point(2, 0.1), point(4, 0.2), point(8, 0.2)],
+                        [point(2, 0.1), point(4, 2.5)],
+                        [point(2, 0.1), point(4, 0.2), point(8, 0.2)],
+                        stops=("rates", "ttft", "rates"))
+    assert made.stopped == "ttft"
+    assert [len(p.samples) for p in made.points] == [3, 3, 2]
+    assert capacity_at(made, Slo(3.0)).rate == 4
+    assert not capacity_at(made, Slo(3.0)).measured_limit
+    assert Slo(3.0).misses(made.points[2], made.rounds) == [
+        "reached in 2 of 3 rounds (the others passed a ceiling below it)"]
+
+
+def test_every_round_running_out_of_rates_is_a_lower_bound() -> None:
+    made = rounds_curve([point(1, 0.1), point(2, 0.1)], [point(1, 0.1), point(2, 0.2)],
+                        stops=("rates", "rates"))
+    found = capacity_at(made, Slo(0.3))
+    assert (found.rate, found.measured_limit) == (2, True)
+
+
+def test_missing_at_the_lowest_rate_in_one_round_says_which_figure_and_its_worst() -> None:
+    found = capacity_at(rounds_curve([point(1, 0.1)], [point(1, 0.42)]), Slo(0.3))
+    assert found.rate is None
+    assert found.missed == ("TTFT p95 420 ms is 120 ms over 300 ms (the worst of 2 rounds)",)
+
+
+def test_a_curve_of_rounds_reads_back_with_each_rounds_points() -> None:
+    made = rounds_curve([point(1, 0.1), point(2, 0.4)], [point(1, 0.2), point(2, 0.3)])
+    stored = json.loads(json.dumps(made.as_dict()))
+    assert stored["rounds"] == 2
+    assert [r["ttft_p95_s"] for r in stored["points"][1]["rounds"]] == [0.4, 0.3]
+    assert curve_from_dict(stored) == made
+    assert curve_from_dict({**stored, "rounds": 0}) is None
+    broken = json.loads(json.dumps(stored))
+    broken["points"][0]["rounds"] = ["x"]
+    assert curve_from_dict(broken) is None
+
+
+def test_a_report_from_before_rounds_reads_as_one_round() -> None:
+    """As SmokeReport.as_dict() wrote a curve before rounds: one sample per rate, no `rounds`
+    anywhere."""
+    old = {"points": [
+        {"rate": 1.0, "sent": 10, "completed": 10, "errors": 0, "duration_s": 10.0,
+         "ttft_p50_s": 0.05, "ttft_p95_s": 0.1, "tpot_p50_s": 0.02, "tpot_p95_s": 0.02,
+         "latency_p50_s": 1.0, "output_tokens": 320, "output_tokens_per_s": 32.0,
+         "first_error": None},
+        {"rate": 2.0, "sent": 20, "completed": 20, "errors": 0, "duration_s": 10.0,
+         "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "tpot_p50_s": 0.02, "tpot_p95_s": 0.02,
+         "latency_p50_s": 1.0, "output_tokens": 640, "output_tokens_per_s": 64.0,
+         "first_error": None}],
+        "ttft_p95_ceiling_s": 2.0, "tpot_p95_ceiling_s": 0.2, "stopped": "ttft",
+        "duration_s": 10.0, "max_tokens": 32}
+    found = curve_from_dict(old)
+    assert found is not None
+    assert found.rounds == 1
+    assert all(p.samples == (p,) for p in found.points)
+    assert capacity_at(found, Slo(0.3)).rate == 1
+    assert found.points[0].as_dict() == old["points"][0]  # a one-round point keeps its shape
 
 
 @pytest.mark.parametrize(("rate", "capacity", "replicas"),
