@@ -7,12 +7,13 @@ the `capacity` field of the report's JSON), so it is evidence like the rest: per
 SKU and fingerprint, in the registry and in the store's records.
 
 The rates are measured in *rounds*, interleaved: each round goes up the rates, lowest first,
-until one of its points passes a ceiling, then the next round starts again from the lowest
-(so a neighbour's burst of load falls on one round of a few rates, not on every sample of
-one rate). A curve point is its rate's rounds combined (`combined`): the p95s are the worst
-round's, the p50s, request time and tokens/s the median round's, the counts summed; the
-rounds themselves are kept in the point (`RatePoint.rounds`, the JSON's `rounds`). A report
-from before rounds holds one sample per rate: one round.
+until one of its points passes a ceiling (and no higher than where an earlier round stopped),
+then the next round starts again from the lowest (so a neighbour's burst of load falls on one
+round of a few rates, not on every sample of one rate). A curve point is its rate's rounds
+combined (`combined`): the p95s are the worst round's, the p50s, request time and tokens/s
+the median round's, the counts summed; the rounds themselves are kept in the point
+(`RatePoint.rounds`, the JSON's `rounds`). A report from before rounds holds one sample per
+rate: one round.
 
 `capacity_at` reads the highest rate at which an objective holds: the SLO holds at a measured
 rate when, in every round, that rate and every lower one met each ceiling it names with no
