@@ -3,19 +3,19 @@ listings (`ls`, `show`, `resolve`). The JSON forms live with their types.
 
 Pure text, no I/O and no click (only pipeline.cli imports click; it prints these lines with
 `click.echo`, which drops the bold's escape codes when stdout is not a terminal). Top level
-because both the CLI and executors.view (the build's own lines) use it.
+because both the CLI and executors.view (the build's own lines) use it. The plan's modules
+(and through them the recipe's pydantic models) are imported by `plan_lines` alone: `ls`,
+`show` and `resolve` print without them.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.planning.keys import short_key
-from pipeline.planning.memory import GIB
-from pipeline.planning.plan import Plan
-from pipeline.stages.build import plugin_overrides
+if TYPE_CHECKING:
+    from pipeline.planning.plan import Plan
 
 STAGE_ORDER = ("snapshot", "quantize", "convert", "build", "smoke")
 
@@ -29,6 +29,10 @@ def plan_lines(plan: Plan, built: frozenset[str] = frozenset(),
                toolchain_source: str | None = None) -> list[str]:
     """One block per target: its memory fit, then each stage with its short key and whether
     it is new, shared with other targets, or already built."""
+    from pipeline.planning.keys import short_key
+    from pipeline.planning.memory import GIB
+    from pipeline.stages.build import plugin_overrides
+
     recipe = plan.loaded.recipe
     revision = f"@{recipe.model.revision[:12]}" if recipe.model.revision else ""
     title = _bold(recipe.display_name)

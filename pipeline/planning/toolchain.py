@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.planning.versions import cuda_release, fingerprint_version
-from pipeline.recipe.fields import TOOLCHAIN_FIELDS
-from pipeline.recipe.schema import ToolchainPins
+from pipeline.recipe.toolchain_fields import TOOLCHAIN_FIELDS
 from registry.errors import UsageError
 from registry.gpus import GpuSpec
 
 if TYPE_CHECKING:
+    from pipeline.recipe.schema import ToolchainPins
     from pipeline.settings import Settings
 
 

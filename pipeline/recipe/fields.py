@@ -24,12 +24,6 @@ Quant = Literal["bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4
 KvCacheDtype = Literal["auto", "fp8", "int8"]
 Runtime = Literal["trtllm", "trtllm-pytorch", "vllm"]
 ModelDtype = Literal["bfloat16", "float16"]
-ToolchainField = Literal[
-    "driver", "cuda", "tensorrt", "trtllm", "image", "modelopt", "torch", "transformers", "vllm"
-]
-TOOLCHAIN_FIELDS: tuple[ToolchainField, ...] = (
-    "driver", "cuda", "tensorrt", "trtllm", "image", "modelopt", "torch", "transformers", "vllm"
-)
 
 QUANTS: tuple[Quant, ...] = ("bf16", "fp16", "fp8", "int4_awq", "int8_sq", "w4a8_awq", "nvfp4")
 RUNTIMES: tuple[Runtime, ...] = ("trtllm", "trtllm-pytorch", "vllm")

@@ -15,15 +15,14 @@ from pipeline.recipe.fields import (
     MAX_FILTERS,
     MAX_LEVELS,
     MAX_SMOKE_ITEMS,
-    TOOLCHAIN_FIELDS,
     GpuName,
     Runtime,
     StrictModel,
-    ToolchainField,
     unique,
 )
 from pipeline.recipe.matrix import AxisSelection, Matrix
 from pipeline.recipe.model import ModelSpec
+from pipeline.recipe.toolchain_fields import TOOLCHAIN_FIELDS, ToolchainField
 
 
 class Calibration(StrictModel):
