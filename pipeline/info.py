@@ -124,10 +124,17 @@ def _store_reach(config: RegistryConfig) -> Reach:
 
 
 def _registry_reach(url: str, schema: dict[str, str | None], *, retry_s: float) -> Reach:
-    from registry.sql.schema import HEAD, current, schema_state
+    from registry.sql.listing import schema_revision
+    from registry.sql.lookup import HEAD
 
-    revision = current(url, retry_s=retry_s)
-    schema.update(revision=revision, head=HEAD, state=schema_state(revision))
+    revision = schema_revision(url, retry_s=retry_s)  # on the driver: no SQLAlchemy
+    if revision is None or revision == HEAD:
+        state = "empty" if revision is None else "current"
+    else:  # behind or newer: Alembic's scripts say which
+        from registry.sql.schema import schema_state
+
+        state = schema_state(revision)
+    schema.update(revision=revision, head=HEAD, state=state)
     if revision is None:
         return Reach(True, "reachable; no registry yet: `enginectl db upgrade` creates it, and "
                            "so does the first command that writes to it (import, build)")

@@ -121,7 +121,7 @@ def ls_(as_json: bool, **filters: str | None) -> None:
     """
     from registry.identity.manifest import KINDS
     from registry.ops.inventory import ls
-    from registry.sql.models import ARTIFACT_STATUSES
+    from registry.sql.statuses import ARTIFACT_STATUSES
 
     _one_of("--kind", filters.get("kind"), KINDS)
     _one_of("--status", filters.get("status"), ARTIFACT_STATUSES)

@@ -1,4 +1,9 @@
-"""ls and show: what the registry holds, with aliases, provenance and smoke reports."""
+"""ls and show: what the registry holds, with aliases, provenance and smoke reports.
+
+`ls` reads a registry at the schema head on the database driver alone
+(`registry.sql.listing`), so it never imports SQLAlchemy; any other registry (none yet,
+behind, newer) goes the ORM's way, which answers or refuses it. `show` reads through the ORM.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,16 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import NoRegistryError, RecordNotFoundError
-from registry.sql import alias_records, leases, records, refit_evidence, smoke_records
-from registry.sql.aliases import pinned_by_rollback
-from registry.sql.evidence import Evidence, evidence_for
-from registry.sql.refs import resolve_ref
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from registry.context import Context
+    from registry.sql.evidence import Evidence
+    from registry.sql.records import ArtifactRecord
 
 
-def artifact_dict(record: records.ArtifactRecord, aliases: list[str]) -> dict[str, Any]:
+def artifact_dict(record: ArtifactRecord, aliases: list[str]) -> dict[str, Any]:
     data = asdict(record)
     data.pop("files")
     for name in ("created_at", "updated_at"):
@@ -36,14 +39,35 @@ def _not_made_yet(ctx: Context, exc: NoRegistryError) -> bool:
     home, no ENGINECTL_REGISTRY_URL) was not made yet: nothing was built or imported, which
     `ls` and `show` answer as an empty registry. A registry the user configured that is not
     there stays an error (exit 4): that one is a typo or an outage."""
-    configured = "ENGINECTL_REGISTRY_URL" in ctx.config.origins.get("registry_url", "")
-    return exc.missing and not configured
+    return exc.missing and not _configured(ctx)
+
+
+def _configured(ctx: Context) -> bool:
+    """Whether the registry's URL was given (ENGINECTL_REGISTRY_URL), not the home's default."""
+    return "ENGINECTL_REGISTRY_URL" in ctx.config.origins.get("registry_url", "")
 
 
 def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
     """Artifacts matching the filters (model, gpu, kind, quant, status, alias), oldest first,
     each with the GPUs its smoke runs passed on (`evidence`); none before the embedded
     default registry was made (`_not_made_yet`)."""
+    from registry.config import check_directory
+    from registry.sql.listing import listed_artifacts
+
+    if not _configured(ctx):  # as opening the registry checks it (`Context.registry`)
+        check_directory(ctx.config.home, what="enginectl's home", variable="ENGINECTL_HOME")
+    try:
+        found = listed_artifacts(ctx.config.registry_url, retry_s=ctx.config.registry_retry_s,
+                                 **filters)
+    except NoRegistryError as exc:
+        if _not_made_yet(ctx, exc):
+            return []
+        raise
+    if found is not None:
+        return found
+    from registry.sql import alias_records, records
+    from registry.sql.evidence import evidence_for
+
     try:
         ctx.registry  # noqa: B018 - opening it says whether there is one
     except NoRegistryError as exc:
@@ -51,10 +75,10 @@ def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
             return []
         raise
     with ctx.registry.session(readonly=True) as session:
-        found = records.list_artifacts(session, **filters)
-        evidence = evidence_for(session, [r.digest for r in found])
+        listed = records.list_artifacts(session, **filters)
+        evidence = evidence_for(session, [r.digest for r in listed])
         return [artifact_dict(r, alias_records.aliases_for(session, r.digest))
-                | {"evidence": _evidence(evidence[r.digest])} for r in found]
+                | {"evidence": _evidence(evidence[r.digest])} for r in listed]
 
 
 def show(ctx: Context, ref: str) -> dict[str, Any]:
@@ -64,6 +88,10 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
     captured), and its provenance as a tree of input artifacts down to the source
     checkpoint."""
     from registry.ops.fetch import load_manifest
+    from registry.sql import alias_records, leases, records, smoke_records
+    from registry.sql.aliases import pinned_by_rollback
+    from registry.sql.evidence import evidence_for
+    from registry.sql.refs import resolve_ref
 
     try:
         ctx.registry  # noqa: B018 - opening it says whether there is one
@@ -118,9 +146,11 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
     }
 
 
-def _refit(session: Session, record: records.ArtifactRecord) -> dict[str, Any] | None:
+def _refit(session: Session, record: ArtifactRecord) -> dict[str, Any] | None:
     """A weight-stripped engine's refit source and the refit-equivalence evidence of its
     (model, quant, TRT-LLM) on its GPU (`registry.sql.refit_evidence`); None for others."""
+    from registry.sql import refit_evidence
+
     if record.labels.get("strip_plan") is not True:
         return None
     tuple_of = {"model": record.model, "quant": record.quant, "gpu": record.gpu,
@@ -138,6 +168,7 @@ def _provenance(
     """Input artifacts, each with its own inputs, as far as the store has their manifests."""
     from registry.errors import NotFoundError
     from registry.ops.fetch import load_manifest
+    from registry.sql import records
 
     tree = []
     for digest in sorted(inputs):

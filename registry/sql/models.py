@@ -33,10 +33,11 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from registry.identity.manifest import KINDS
+from registry.sql.statuses import ARTIFACT_STATUSES as _ARTIFACT_STATUSES
+from registry.sql.statuses import RUN_STATUSES
 
 ARTIFACT_KINDS: Final = tuple(KINDS)
-ARTIFACT_STATUSES: Final = ("building", "built", "ready", "quarantined", "superseded", "deleted")
-RUN_STATUSES: Final = ("running", "succeeded", "failed", "cancelled")
+ARTIFACT_STATUSES: Final = _ARTIFACT_STATUSES  # where records and history import it from
 
 NAMING_CONVENTION: Final = {
     "ix": "ix_%(column_0_label)s",

@@ -1,0 +1,103 @@
+"""What `ls` and `info` read from the registry, on the database driver alone
+(`registry.sql.lookup`'s reader): SQLAlchemy's ORM alone costs more to import than either
+command's whole answer, so neither imports it.
+
+`listed_artifacts` answers exactly what `registry.ops.inventory.ls` answers through the ORM
+(`records.list_artifacts`, `evidence.evidence_for` and `alias_records.aliases_for`; a test
+compares the two): the artifacts matching the filters, oldest first, each as a dict of its
+row with its aliases and the GPUs it passed a smoke run on. It reads only a registry at the
+schema head (`lookup.HEAD`) and returns None for any other (no tables, behind or newer),
+which the ORM's path opens and answers or refuses in its own words.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from registry.errors import NoRegistryError
+from registry.sql.lookup import HEAD, json_column, open_reader, shown
+from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
+
+COLUMNS: Final = (
+    "digest", "kind", "model", "size", "file_count", "status", "key", "runtime", "gpu", "sm",
+    "quant", "kv_cache_dtype", "tp", "pp", "max_batch_size", "max_input_len", "max_seq_len",
+    "max_num_tokens", "toolchain", "labels", "status_reason", "recipe_digest", "created_at",
+    "updated_at",
+)
+"""`records.ArtifactRecord`'s fields but its files, in its order (what `ls --json` prints)."""
+
+_JSON: Final = frozenset({"toolchain", "labels"})
+_TIMES: Final = frozenset({"created_at", "updated_at"})
+_FILTERS: Final = ("model", "gpu", "kind", "quant", "status")
+
+
+def utc_text(value: Any) -> str | None:
+    """A timestamp column as `UTCDateTime` returns it, in ISO form: SQLite keeps naive UTC
+    text, psycopg hands back an aware datetime."""
+    if value is None:
+        return None
+    found = datetime.fromisoformat(value) if isinstance(value, str) else value
+    found = found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
+    return found.isoformat()
+
+
+def schema_revision(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> str | None:
+    """The registry's schema revision, None when it has none yet (no file, no tables);
+    reads only, as `registry.sql.schema.current` does."""
+    with open_reader(url, retry_s) as reader:
+        return reader.revision()
+
+
+def listed_artifacts(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S,
+                     alias: str | None = None,
+                     **filters: str | None) -> list[dict[str, Any]] | None:
+    """`inventory.ls`'s rows (module doc) for *filters* (model, gpu, kind, quant, status) and
+    *alias*, or None when the registry is not at the schema head; `NoRegistryError` when
+    its SQLite file does not exist."""
+    with open_reader(url, retry_s) as reader:
+        if reader.absent == "file":
+            raise NoRegistryError(shown(url), missing=True)
+        if reader.revision() != HEAD:
+            return None
+        where = [f"a.{name} = ?" for name in _FILTERS if filters.get(name) is not None]
+        values = [str(filters[name]) for name in _FILTERS if filters.get(name) is not None]
+        join = ""
+        if alias is not None:
+            join = " JOIN aliases n ON n.digest = a.digest"
+            where.append("n.name = ?")
+            values.append(alias)
+        # only column names and "?" marks are formatted in, never a value
+        sql = (f"SELECT {', '.join('a.' + name for name in COLUMNS)} FROM artifacts a"  # noqa: S608
+               f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} "
+               "ORDER BY a.created_at, a.id")
+        rows = reader.rows(sql, *values)
+        if not rows:
+            return []
+        digests = sorted({str(row[0]) for row in rows})
+        names: dict[str, list[str]] = {}
+        proofs: dict[str, list[dict[str, Any]]] = {}
+        for first in range(0, len(digests), 500):  # bound the parameters of one statement
+            chunk = digests[first:first + 500]
+            marks = ", ".join("?" * len(chunk))
+            for name, digest in reader.rows(
+                    f"SELECT name, digest FROM aliases WHERE digest IN ({marks})",  # noqa: S608
+                    *chunk):
+                names.setdefault(str(digest), []).append(str(name))
+            for digest, gpu, best, passed_at in reader.rows(
+                    "SELECT a.digest, e.gpu, e.best_tokens_per_s, e.passed_at FROM "  # noqa: S608
+                    "artifact_evidence e JOIN artifacts a ON a.id = e.artifact_id WHERE "
+                    f"a.digest IN ({marks}) ORDER BY a.digest, e.gpu", *chunk):
+                proofs.setdefault(str(digest), []).append(
+                    {"gpu": gpu, "best_tokens_per_s": best, "passed_at": utc_text(passed_at)})
+    found = []
+    for row in rows:
+        data = dict(zip(COLUMNS, row, strict=True))
+        for name in _JSON:
+            data[name] = None if data[name] is None else json_column(data[name])
+        for name in _TIMES:
+            data[name] = utc_text(data[name])
+        digest = str(data["digest"])
+        found.append(data | {"aliases": sorted(names.get(digest, []))}
+                     | {"evidence": proofs.get(digest, [])})
+    return found
