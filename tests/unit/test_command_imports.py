@@ -1,0 +1,96 @@
+"""What each command does not use, it does not import: SQLAlchemy's ORM, boto3 and botocore,
+pydantic, torch and Ray stay off the paths of the everyday commands, which is most of what
+keeps each one's fixed cost low (bench/command_cost.py measures the time; this checks the
+imports, never a time). Each command runs as the console script runs it, in a fresh Python,
+against a registry of its own (SQLite, a `file://` store) holding one tiny artifact, and then
+lists which of those modules it had loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+HEAVY = ("sqlalchemy", "sqlalchemy.orm", "alembic", "boto3", "botocore", "pydantic", "torch",
+         "ray")
+
+# the console script's function, then which of HEAVY it had loaded (its exit code too)
+RUN_AND_LIST_MODULES = (
+    "import json, sys\nfrom pipeline.cli import entry\n"
+    "out = sys.argv.pop(1)\nsys.argv[0] = 'enginectl'\ncode = 0\n"
+    "try:\n    entry()\nexcept SystemExit as exc:\n    code = exc.code\n"
+    f"heavy = {HEAVY!r}\n"
+    "with open(out, 'w') as sink:\n"
+    "    json.dump({'code': code, 'modules': sorted(m for m in heavy if m in sys.modules)},"
+    " sink)\n"
+)
+
+ON_THE_DRIVER: frozenset[str] = frozenset()
+"""Commands that read the registry on the database driver alone: none of HEAVY."""
+RECIPE = frozenset({"pydantic"})
+"""`plan` validates the recipe with pydantic's models, and only that."""
+ORM = frozenset({"sqlalchemy", "sqlalchemy.orm"})
+"""Commands that still read or write through the ORM (`show`'s many reads, `resolve`'s
+ranking, `import`'s transaction)."""
+
+COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
+    "--help": (["--help"], ON_THE_DRIVER),
+    "ls": (["ls"], ON_THE_DRIVER),
+    "ls --json": (["ls", "--json", "--status", "ready"], ON_THE_DRIVER),
+    "info": (["info"], ON_THE_DRIVER),
+    "fetch": (["fetch", "DIGEST", "-o", "OUT"], ON_THE_DRIVER),
+    "pull": (["pull", "DIGEST", "-o", "OUT", "--executable", sys.executable], ON_THE_DRIVER),
+    "plan": (["plan", str(ROOT / "recipes" / "llama70b-h100.yaml")], RECIPE),
+    "show": (["show", "DIGEST"], ORM),
+    "resolve": (["resolve", "--model", "m", "--gpu", "cpu", "--allow-unproven"], ORM),
+    "import": (["import", "NEW", "--kind", "vllm", "--model", "m"], ORM),
+}
+
+
+def _tiny(path: Path, tag: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"tag": tag}))
+    (path / "notes.txt").write_text(tag)
+    return path
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], str, Path]:
+    """(environment, digest of a ready artifact fetched once, a folder for new paths)."""
+    tmp = tmp_path_factory.mktemp("commands")
+    (tmp / "user").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINECTL_")}
+    env.update(HOME=str(tmp / "user"), ENGINECTL_HOME=str(tmp / "home"),
+               ENGINECTL_CACHE_DIR=str(tmp / "cache"), HF_HUB_OFFLINE="1")
+    enginectl = str(Path(sys.executable).parent / "enginectl")
+    done = subprocess.run([enginectl, "-q", "import", str(_tiny(tmp / "first", "first")),
+                           "--kind", "vllm", "--model", "m", "--ready", "--json"],
+                          env=env, capture_output=True, text=True, check=True, timeout=120)
+    digest = json.loads(done.stdout)["digest"]
+    subprocess.run([enginectl, "-q", "fetch", digest, "-o", str(tmp / "warm")], env=env,
+                   capture_output=True, check=True, timeout=120)
+    return env, digest, tmp
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_command_imports_only_what_it_uses(
+        user: tuple[dict[str, str], str, Path], name: str) -> None:
+    env, digest, tmp = user
+    argv, allowed = COMMANDS[name]
+    here = tmp / name.replace(" ", "_").strip("-")
+    argv = [{"DIGEST": digest, "OUT": str(here / "out")}.get(a, a) for a in argv]
+    if "NEW" in argv:
+        argv[argv.index("NEW")] = str(_tiny(here / "new", name))
+    listing = tmp / f"{here.name}.json"
+    done = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MODULES, str(listing), "-q",
+                           *argv], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    found = json.loads(listing.read_text())
+    assert found["code"] in (0, None), (done.stdout, done.stderr)
+    assert set(found["modules"]) <= allowed, f"{name} imported {found['modules']}"
