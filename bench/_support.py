@@ -116,7 +116,12 @@ def bench_venv() -> Path:
 
 
 def s3rver_bin() -> Path | None:
-    """npm `s3rver` (installed under the cache on first use); None when it cannot be."""
+    """s3rver's start script: $ENGINECTL_S3RVER (what scripts/install-s3rver prints, as
+    the integration tests use), else npm `s3rver` (installed under the cache on first use);
+    None when it cannot be had."""
+    named = os.environ.get("ENGINECTL_S3RVER")
+    if named and Path(named).is_file():
+        return Path(named)
     path = CACHE / "npm" / "node_modules" / ".bin" / "s3rver"
     if path.exists():
         return path

@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, wait
 
+from registry.identity.digest import Hasher
+
 
 def split(start: int, end: int, part_size: int) -> list[tuple[int, int]]:
     """[start, end) cut into consecutive `(start, end)` parts of *part_size* (the last shorter)."""
@@ -31,7 +33,7 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def read_exactly_into(fd: int, offset: int, buffer: bytearray) -> None:
+def read_exactly_into(fd: int, offset: int, buffer: bytearray | memoryview) -> None:
     """Fill *buffer* with the bytes of *fd* from *offset*; OSError when the file ends first."""
     done = 0
     with memoryview(buffer) as view:
@@ -41,6 +43,19 @@ def read_exactly_into(fd: int, offset: int, buffer: bytearray) -> None:
                 raise OSError(f"the file ended at byte {offset + done}, "
                               f"{len(buffer) - done} short")
             done += got
+
+
+def hash_file_range(fd: int, start: int, end: int, hasher: Hasher, buffer: bytearray) -> None:
+    """Feed bytes [start, end) of *fd* to *hasher*, read into *buffer* (reused: it stays in
+    the CPU's cache, and what the process holds is its size, however big the file); OSError
+    when the file ends first."""
+    with memoryview(buffer) as view:
+        while start < end:
+            size = min(len(view), end - start)
+            with view[:size] as piece:
+                read_exactly_into(fd, start, piece)
+                hasher.update(piece)
+            start += size
 
 
 class PartBuffers:

@@ -22,7 +22,6 @@ Only `registry.store.opener.open_store` imports this module, so boto3 stays off 
 from __future__ import annotations
 
 import base64
-import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Final
 import xxhash
 
 from registry.errors import IntegrityError, NotFoundError, StoreError
-from registry.identity.digest import Algorithm, Digest, sha256_of, update_mapped
+from registry.identity.digest import Algorithm, Digest, sha256_of
 from registry.identity.layout import (
     BLOBS,
     MANIFESTS,
@@ -47,7 +46,7 @@ from registry.identity.layout import (
     s3_url,
 )
 from registry.store.base import BlobInfo, InFlight, ObjectInfo, Progress, sizes_of, write_verified
-from registry.store.ranges import read_ranges, split
+from registry.store.ranges import hash_file_range, read_ranges, split
 from registry.store.s3upload import Uploader
 from registry.workers import Workers
 
@@ -61,6 +60,9 @@ DOWNLOAD_THREADS: Final = min(64, max(8, 4 * (os.cpu_count() or 2)))
 """Ranged GETs in flight for a whole fetch: each costs CPU in the client (2 vCPUs carried
 more with 8 than with 16 against a local server, bench/README.md), and one S3 connection
 carries ~100 MB/s, so a node with more cores keeps more in flight."""
+HASH_BUFFER: Final = 256 << 10
+"""What a blob's verification reads its file back in: small enough to stay in the CPU's
+cache between the read and the hash (bench/README.md, `verify_speed.py`)."""
 HEAD_AT_MOST: Final = 3
 """Per shard: up to this many wanted blobs are HEADed; more are found with one LIST."""
 
@@ -305,12 +307,12 @@ class S3Store:
         hasher = xxhash.xxh3_128()
         if total:
             os.ftruncate(fd, total)
-            with mmap.mmap(fd, total, access=mmap.ACCESS_READ) as region:
-                read_ranges(
-                    split(0, total, part), fetch,
-                    lambda first, end: update_mapped(region, first, end, hasher),
-                    pool=self._readers, window=self.download_threads,
-                )
+            buffer = bytearray(HASH_BUFFER)
+            read_ranges(
+                split(0, total, part), fetch,
+                lambda first, end: hash_file_range(fd, first, end, hasher, buffer),
+                pool=self._readers, window=self.download_threads,
+            )
         return Digest("xxh3-128", hasher.hexdigest())
 
     def read_back(self, key: str, algorithm: Algorithm) -> ReadBack:

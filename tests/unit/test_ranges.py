@@ -9,8 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import xxhash
 
-from registry.store.ranges import PartBuffers, pwrite_all, read_exactly_into, read_ranges, split
+from registry.store.ranges import (
+    PartBuffers,
+    hash_file_range,
+    pwrite_all,
+    read_exactly_into,
+    read_ranges,
+    split,
+)
 
 
 @pytest.mark.parametrize(("size", "part", "threads", "window"), [
@@ -101,5 +109,23 @@ def test_read_exactly_into_fills_the_buffer_or_says_the_file_is_short(tmp_path: 
         assert buffer == bytes([3, 4, 5, 6])
         with pytest.raises(OSError, match="ended at byte 10, 2 short"):
             read_exactly_into(fd, 8, buffer)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("buffer_size", [1, 3, 7, 64])
+def test_hash_file_range_hashes_exactly_the_range_through_a_small_buffer(
+        tmp_path: Path, buffer_size: int) -> None:
+    data = bytes(range(50)) * 3
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        hasher = xxhash.xxh3_128()
+        hash_file_range(fd, 5, 40, hasher, bytearray(buffer_size))
+        hash_file_range(fd, 40, 150, hasher, bytearray(buffer_size))
+        assert hasher.hexdigest() == xxhash.xxh3_128(data[5:]).hexdigest()
+        with pytest.raises(OSError, match="ended at byte 150"):
+            hash_file_range(fd, 140, 160, xxhash.xxh3_128(), bytearray(buffer_size))
     finally:
         os.close(fd)
