@@ -49,8 +49,8 @@ from pipeline.serving.server import serving
 from pipeline.serving.smoke import smoke
 from registry.config import RegistryConfig
 from registry.context import Context
+from registry.ops import history
 from registry.ops.adopt import ImportSpec, import_artifact
-from registry.sql import history
 
 MODEL = "tiny-llama"
 PROMPTS = ["The capital of France is", "Write a haiku about GPUs."]

@@ -77,7 +77,7 @@ def _source(env: Mapping[str, str], name: str, default: str | None = None) -> st
 
 def locations(env: Mapping[str, str]) -> list[Location]:
     """Home, store, registry, cache and work directory, each with where it came from."""
-    from registry.sql.lookup import shown
+    from registry.config import masked_url
 
     config = RegistryConfig.from_env(env)
     settings = Settings.from_env(env)
@@ -90,7 +90,7 @@ def locations(env: Mapping[str, str]) -> list[Location]:
     return [
         Location("home", str(config.home), home_source),
         Location("store", config.store_url, _source(env, "ENGINECTL_STORE_URL", "<home>/store")),
-        Location("registry", shown(config.registry_url),
+        Location("registry", masked_url(config.registry_url),
                  _source(env, "ENGINECTL_REGISTRY_URL", "<home>/registry.db")),
         Location("cache", str(config.cache_dir), _source(env, "ENGINECTL_CACHE_DIR")),
         Location("work", str(settings.work_dir), _source(env, "ENGINECTL_WORK_DIR", "<home>/work")),

@@ -39,10 +39,20 @@ from pathlib import Path
 from typing import Final
 
 from registry.errors import ConfigError
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
+REGISTRY_RETRY_DEFAULT_S: Final = 30.0
+"""How long a registry call made without a lease retries a connection fault."""
 _REGISTRY_URL: Final = re.compile(r"(sqlite|postgresql|postgres)(\+[A-Za-z0-9_]+)?://.*",
                                   re.DOTALL)
+_PASSWORD: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@?#]*):[^?#]*@", re.DOTALL)
+
+
+def masked_url(url: str) -> str:
+    """*url* with its password replaced by `***`, for messages and logs (the one masker:
+    the settings, the SQL registry and the CLI print a registry URL through it). Everything
+    up to the last `@` before the query is taken for the password, so a password with an
+    unescaped `@` or `/` is masked whole."""
+    return _PASSWORD.sub(r"\1:***@", url, count=1)
 
 
 def absolute_path(env: Mapping[str, str], variable: str, *, what: str) -> Path:
@@ -67,12 +77,10 @@ def registry_url_of(env: Mapping[str, str]) -> str | None:
     if not url:
         return None
     if _REGISTRY_URL.fullmatch(url) is None:
-        from registry.sql.lookup import shown
-
         raise ConfigError(
-            f"ENGINECTL_REGISTRY_URL={shown(url)!r} is not a registry URL: use "
+            f"ENGINECTL_REGISTRY_URL={masked_url(url)!r} is not a registry URL: use "
             "sqlite:////abs/path/registry.db or postgresql+psycopg://user@host/db",
-            variable="ENGINECTL_REGISTRY_URL", value=shown(url))
+            variable="ENGINECTL_REGISTRY_URL", value=masked_url(url))
     return url
 
 

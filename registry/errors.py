@@ -51,13 +51,21 @@ Only the CLI catches them; everything else raises with `raise ... from exc`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    from registry.identity.digest import Digest
+from typing import Final, Protocol
 
 NOT_FOUND: Final = 6
 """The exit code of an unknown alias, ref or model (the registry answered: it has none)."""
+
+
+class DigestValue(Protocol):
+    """What an `IntegrityError` carries: a `registry.identity.digest.Digest`, named here by
+    its shape, since identity raises these errors and sits above this module."""
+
+    @property
+    def algorithm(self) -> str: ...
+
+    @property
+    def hex(self) -> str: ...
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
@@ -154,7 +162,7 @@ class IntegrityError(RegistryError):
     """Bytes at *location* (a local path or a store object) do not match their digest; or,
     with *actual* None, they cannot be it (*detail* says why: the wrong size)."""
 
-    def __init__(self, location: str, *, expected: Digest, actual: Digest | None,
+    def __init__(self, location: str, *, expected: DigestValue, actual: DigestValue | None,
                  detail: str | None = None, hint: str | None = None) -> None:
         self.location = location
         self.expected = expected

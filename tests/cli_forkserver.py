@@ -58,7 +58,7 @@ PRELOAD = (
     "sqlite3",
     "sqlalchemy.dialects.sqlite",
     "registry.context",
-    "registry.logs",
+    "registry.ops.logs",
     "registry.store.opener",
     "registry.store.filestore",
     "registry.ops.adopt",

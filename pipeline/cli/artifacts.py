@@ -241,7 +241,7 @@ def logs(ref: str, smoke: bool) -> None:
     """
     import sys
 
-    from registry.logs import logs as read_log
+    from registry.ops.logs import logs as read_log
 
     read_log(context(readonly=True), ref, sys.stdout.buffer, smoke=smoke)
     sys.stdout.buffer.flush()
@@ -265,7 +265,7 @@ def tag(ref: str, alias: str, note: str | None, allow_unready: bool) -> None:
       enginectl tag 9f86d081884c llama70b/h100/prod --note "faster at 64"
       enginectl tag sha256:9f86… llama70b/h100/canary --allow-unready
     """
-    from registry.sql.aliases import tag as tag_artifact
+    from registry.ops.aliases import tag as tag_artifact
 
     digest, previous = tag_artifact(context(), ref, alias, note, allow_unready=allow_unready)
     moved = f" (was {previous})" if previous and previous != digest else ""
@@ -282,7 +282,7 @@ def untag(alias: str) -> None:
     Examples:
       enginectl untag llama70b/h100/canary
     """
-    from registry.sql.aliases import untag as untag_alias
+    from registry.ops.aliases import untag as untag_alias
 
     click.echo(f"removed {alias} (was {untag_alias(context(), alias)})")
 
@@ -305,7 +305,7 @@ def rollback(alias: str, note: str | None, as_json: bool) -> None:
       enginectl rollback llama70b/h100-sxm5-80gb/prod
       enginectl rollback llama70b/h100-sxm5-80gb/prod --note "TTFT regression in prod"
     """
-    from registry.sql.aliases import rollback as roll_back
+    from registry.ops.aliases import rollback as roll_back
 
     digest, previous = roll_back(context(), alias, note)
     if as_json:

@@ -296,11 +296,11 @@ def context(*, readonly: bool = False) -> Any:
 def announce(ctx: Any) -> None:
     """One stderr line naming the store and registry a command uses (silenced by -q), said
     when its work begins (`Context.begin`): input it refuses stays a one-line error."""
-    from registry.sql.lookup import shown
+    from registry.config import masked_url
 
     def say() -> None:
         note(f"using store {ctx.config.store_url} and registry "
-             f"{shown(ctx.config.registry_url)}")
+             f"{masked_url(ctx.config.registry_url)}")
 
     ctx.on_begin = say
 

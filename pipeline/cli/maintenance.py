@@ -158,12 +158,11 @@ def upgrade() -> None:
     Examples:
       enginectl db upgrade
     """
-    from registry.config import RegistryConfig
-    from registry.sql.engine import safe_url
+    from registry.config import RegistryConfig, masked_url
     from registry.sql.schema import upgrade as migrate
 
     url = RegistryConfig.from_env().registry_url
-    click.echo(f"{safe_url(url)} is at revision {migrate(url)}")
+    click.echo(f"{masked_url(url)} is at revision {migrate(url)}")
 
 
 @db.command()
@@ -175,11 +174,10 @@ def current() -> None:
     Examples:
       enginectl db current
     """
-    from registry.config import RegistryConfig
-    from registry.sql.engine import safe_url
+    from registry.config import RegistryConfig, masked_url
     from registry.sql.schema import current as revision_of
     from registry.sql.schema import head_revision
 
     url = RegistryConfig.from_env().registry_url
-    click.echo(f"{safe_url(url)}: {revision_of(url) or 'empty'} "
+    click.echo(f"{masked_url(url)}: {revision_of(url) or 'empty'} "
                f"(this enginectl: {head_revision()})")

@@ -16,8 +16,8 @@ Running stage runs
     work        running one stage (`produce_output`): inputs in, a validated output out
     leaseguard  the heartbeat of a run's lease, and stopping the run when it is lost
     workdirs    the work directories of a build, removed once nothing reads them
-    local       this machine's threads (the default)
-    outcome     what a run came to, and a build's summary
+    local       this machine's threads (the default); what each run came to, and a
+                build's summary, are `pipeline.planning.outcome` (promote reads them too)
 
 On a Ray cluster (Ray is imported only by these three, after `fleet.require_ray`)
     ray_cluster joining the cluster as a driver, and what it has now

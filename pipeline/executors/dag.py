@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Protocol
 
-from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.executors.stage import reused
+from pipeline.planning.outcome import BuildSummary, Outcome
 from pipeline.planning.plan import Plan, StageRun
 from registry.context import Context
 from registry.sql import leases, records

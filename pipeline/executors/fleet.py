@@ -15,9 +15,9 @@ from typing import Any
 from pipeline.executors.groups import group_lines, groups_of
 from pipeline.executors.pools import CPU_POOL, fleet_of, nodes_from_ray, resource
 from pipeline.planning.toolchain import from_dict
+from registry.config import masked_url
 from registry.context import Context
 from registry.errors import UsageError
-from registry.sql.lookup import shown
 
 
 def require_ray() -> None:
@@ -57,7 +57,7 @@ def fleet(address: str, *, ctx: Context | None = None) -> dict[str, Any]:
             if not probed.pool.startswith("host:"):
                 rounds.setdefault(probed.pool, []).append(probed)
     except RegistryError as exc:
-        note = f"cannot read the registry {shown(url)} ({exc})"
+        note = f"cannot read the registry {masked_url(url)} ({exc})"
 
     def last(pool: str) -> dict[str, Any] | None:
         found = rounds.get(pool)

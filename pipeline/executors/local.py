@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Final
 
-from pipeline.executors.outcome import Outcome
 from pipeline.executors.stage import CANCELLED, StageWorker
 from pipeline.host.runner import CANCEL_GRACE_S, stop_all
+from pipeline.planning.outcome import Outcome
 from pipeline.planning.plan import Plan, StageRun
 from pipeline.settings import Settings
 from registry.context import Context

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.executors.outcome import BuildSummary, Outcome, awaits_smoke, pending_smoke
 from pipeline.planning.channels import Channel
+from pipeline.planning.outcome import BuildSummary, Outcome, awaits_smoke, pending_smoke
 from pipeline.planning.plan import Plan
 from pipeline.planning.toolchain import Toolchain
 from pipeline.settings import Settings

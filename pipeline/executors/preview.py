@@ -43,8 +43,9 @@ from pipeline.recipe.reader import LoadedRecipe
 from pipeline.recipe.schema import ToolchainPins
 from pipeline.settings import Settings
 from pipeline.stages.refit import PLAN_FRACTION
+from registry.config import masked_url
 from registry.errors import RegistryError, UsageError
-from registry.sql.lookup import Probed, built_keys, recorded_pools, shown
+from registry.sql.lookup import Probed, built_keys, recorded_pools
 
 
 @dataclass
@@ -136,7 +137,7 @@ def preview(loaded: LoadedRecipe, settings: Settings, *, registry_url: str,
             group["keys"] = sorted(set(grouped.group_keys.get((source["gpu"], number), [])))
     if keying.never and readable:
         keying.notes.append(f"no toolchain is recorded for {keying.never_said()} in "
-                            f"{shown(registry_url)}; their targets are keyed with the builder "
+                            f"{masked_url(registry_url)}; their targets are keyed with the builder "
                             "image's versions (`enginectl build` there records them; "
                             "--toolchain FIELD=VALUE names versions)")
     result = Preview(grouped.plan, notes=keying.notes, sources=keying.sources,
@@ -155,7 +156,7 @@ def _check_named(recorded: Sequence[Probed], named: Sequence[str], url: str, *,
     known = sorted({p.pool for p in recorded})
     for pool in named:
         if readable and pool not in known:
-            raise UsageError(f"--pool {pool!r}: no probe of it is recorded in {shown(url)}; "
+            raise UsageError(f"--pool {pool!r}: no probe of it is recorded in {masked_url(url)}; "
                              f"recorded pools: {', '.join(known) or 'none'} (a build there "
                              "records one)")
 

@@ -35,10 +35,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.errors import FleetError
 from pipeline.executors.groups import NodeProbe
-from pipeline.executors.outcome import Outcome
 from pipeline.executors.pools import CPU_POOL, NodeInfo, placement, stage_timeout
 from pipeline.executors.ray_tasks import TaskSpec, kill_worker, probe_node, run_stage
 from pipeline.planning.keys import short_key
+from pipeline.planning.outcome import Outcome
 from pipeline.planning.plan import Plan, StageRun
 from pipeline.planning.toolchain import PoolToolchains, from_dict
 from registry.context import Context

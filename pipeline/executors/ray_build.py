@@ -54,11 +54,11 @@ from pipeline.planning.source import read_recipe
 from pipeline.planning.toolchain import BUILDER_IMAGE, Toolchain, for_build
 from pipeline.recipe.reader import LoadedRecipe
 from pipeline.settings import Settings
+from registry.config import masked_url
 from registry.context import Context
 from registry.errors import UsageError
 from registry.progress import Echo
 from registry.sql import build_inputs
-from registry.sql.lookup import shown
 from registry.sql.models import utcnow
 
 PROBE_TIMEOUT_S = float(os.environ.get("ENGINECTL_RAY_PROBE_TIMEOUT_S", "120"))
@@ -75,7 +75,7 @@ def preflight(plan: Plan, found: Fleet, *, keep_going: bool,
     (too few GPUs on every node, exit 3) when the plan cannot run here without skipping, or
     at all."""
     if registry_url.startswith("sqlite") and found.machines > 1:
-        raise FleetError(f"the registry {shown(registry_url)} is SQLite, but the cluster's "
+        raise FleetError(f"the registry {masked_url(registry_url)} is SQLite, but the cluster's "
                          f"nodes are on {found.machines} machines: each would see its own "
                          "file; set ENGINECTL_REGISTRY_URL to the team's PostgreSQL "
                          "(postgresql+psycopg://user@host/db)")

@@ -37,9 +37,9 @@ from typing import Any, Final
 import ray
 
 from pipeline.executors.groups import CPU_POOL_IGNORES
-from pipeline.executors.outcome import Outcome
 from pipeline.executors.pools import CPU_POOL
 from pipeline.host.guard import signal_group
+from pipeline.planning.outcome import Outcome
 from pipeline.planning.plan import Plan, plan_recipe
 from pipeline.planning.source import ModelSource
 from pipeline.planning.toolchain import PoolToolchains, for_build

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import BuildCancelledError
-from pipeline.executors.outcome import BuildSummary
 from pipeline.planning.keys import short_key
+from pipeline.planning.outcome import BuildSummary
 
 if TYPE_CHECKING:
     from pipeline.planning.plan import Plan

@@ -38,19 +38,19 @@ from typing import Final, Literal
 
 from pipeline.errors import StageError
 from pipeline.executors.leaseguard import LeaseGuard
-from pipeline.executors.outcome import Outcome, awaits_smoke, pending_smoke
 from pipeline.executors.refit_smoke import StrippedSmoke, stripped_smoke
 from pipeline.executors.work import StageJob, produce_output
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.planning.capacity import on_this_node, run_need, shortfall
+from pipeline.planning.outcome import Outcome, awaits_smoke, pending_smoke
 from pipeline.planning.plan import Plan, StageRun
 from pipeline.settings import Settings
-from registry import logs
 from registry.context import Context
+from registry.ops import history, logs
 from registry.ops.fetch import load_manifest
 from registry.ops.fetch_files import fetch_once
 from registry.ops.publish import publish
-from registry.sql import history, leases, records
+from registry.sql import leases, records
 
 RunStatus = Literal["succeeded", "failed", "cancelled"]
 CANCELLED: Final = "cancelled by Ctrl-C; its partial output was removed"
@@ -300,7 +300,7 @@ class StageWorker:
         why = awaits_smoke(reason)
         if record is not None and record.status == "built" and record.status_reason != why:
             with self.ctx.registry.session() as session:  # shown by ls and show
-                history.set_status(self.ctx.store, session, entry, "built", why)
+                history.set_status_and_record(self.ctx.store, session, entry, "built", why)
         return pending_smoke(run.stage, run.key, run.targets, entry=entry, gpu=run.gpu,
                              reason=reason)
 
@@ -319,8 +319,8 @@ class StageWorker:
                  digest: str | None, error: str | None = None) -> None:
         """Release the lease with the run's log, stored as a blob gc keeps (`enginectl
         logs` and `enginectl show` name it)."""
-        logs.release_lease(self.ctx, run.key, owner=self.owner, status=status,
-                           artifact_digest=digest, error=error, log=self._log(run))
+        logs.release_lease_with_log(self.ctx, run.key, owner=self.owner, status=status,
+                                    artifact_digest=digest, error=error, log=self._log(run))
 
     def _log(self, run: StageRun) -> Path:
         return run.workdir / f"{run.stage}.log"

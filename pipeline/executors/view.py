@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.executors.result import BuildResult
 from pipeline.listings import plan_lines
 from pipeline.planning.keys import short_key
+from pipeline.planning.outcome import BuildSummary, Outcome
 from pipeline.planning.plan import Plan, StageRun
 from registry.context import Context
 from registry.progress import Echo

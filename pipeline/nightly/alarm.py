@@ -42,7 +42,7 @@ from registry.sql import records, smoke_records
 from registry.sql.smoke_records import SmokeRecord
 
 if TYPE_CHECKING:
-    from pipeline.executors.outcome import Outcome
+    from pipeline.planning.outcome import Outcome
     from pipeline.planning.plan import Plan
     from registry.context import Context
 

@@ -32,7 +32,6 @@ from typing import Any
 
 from pipeline.errors import BuildCancelledError, FleetError
 from pipeline.executors.build import build_recipe
-from pipeline.executors.outcome import BuildSummary, Outcome
 from pipeline.nightly.alarm import (
     Regression,
     confirmed,
@@ -50,6 +49,7 @@ from pipeline.nightly.verdict import (
     RecipeReport,
     TargetReport,
 )
+from pipeline.planning.outcome import BuildSummary, Outcome
 from pipeline.planning.plan import Plan, plan_recipe
 from pipeline.planning.source import checked, read_recipe
 from pipeline.planning.toolchain import (

@@ -3,9 +3,9 @@ when it did not succeed (`stage_report`)."""
 
 from __future__ import annotations
 
-from pipeline.executors.outcome import Outcome
 from pipeline.nightly.diff import KeyChange
 from pipeline.nightly.verdict import StageReport
+from pipeline.planning.outcome import Outcome
 from pipeline.planning.plan import Plan
 from registry.sql import leases
 

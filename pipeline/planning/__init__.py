@@ -13,6 +13,8 @@
     capacity     GPUs a run or an artifact needs against what a node has (`shortfall`)
     channels     the recipe's promotion channels rendered over the plan's targets
     plan         `plan_recipe` -> `Plan`
+    outcome      what a stage run of the plan came to, and a build's summary (the
+                 executors write them, the nightly and promote read them)
 
 May import `pipeline.stages` (argv builders, the Hub boundary), `pipeline.recipe`,
 `pipeline.host` (the process runner for the probes, vLLM's Python), `pipeline.errors`,

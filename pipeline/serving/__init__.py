@@ -20,7 +20,7 @@
 
 May import: the standard library, `registry`, and the lower layers of `pipeline`
 (`errors`, `settings`, `host`, the recipe, `stages`, planning, and `deploy` for an engine's
-serve template, tokenizer and warm-cache key), and `executors.outcome` for its types only.
+serve template, tokenizer and warm-cache key; `planning.outcome`, a build's outcomes).
 Never `click` (only `pipeline.cli` does), `pipeline.cli`, `pipeline.nightly` or
 `pipeline.executors` — those import this package.
 """

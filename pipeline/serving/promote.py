@@ -21,7 +21,7 @@ Two rules, one per caller:
 `Promotion.rule` says what decided: "ab", "fallback", "history", "empty" (the alias pointed
 nowhere), "same-artifact" (re-proved), "rollback-pin" (held by a rollback) or "not-ready".
 
-Every move and status change goes through `registry.sql.history` (store record, then SQL), so
+Every move and status change goes through `registry.ops.history` (store record, then SQL), so
 `reindex` restores them. The comparisons themselves (`compare_levels`, `abgate.decide`) are
 pure.
 """
@@ -37,10 +37,11 @@ from pipeline.planning.plan import Plan
 from pipeline.serving.abgate import GateLevel, run_gate
 from pipeline.settings import Settings
 from registry.context import Context
-from registry.sql import alias_records, aliases, history, records, smoke_records
+from registry.ops import history
+from registry.sql import alias_records, records, smoke_records
 
 if TYPE_CHECKING:  # a build's outcomes, read here; its result records the promotions
-    from pipeline.executors.outcome import BuildSummary
+    from pipeline.planning.outcome import BuildSummary
 
 Action = Literal["promoted", "held", "unchanged", "re-proved", "not-ready", "pending"]
 """`pending`: the gate let it through, and the caller moves it (`move_promotion`) or not."""
@@ -159,7 +160,7 @@ def _ready_entries(plan: Plan, summary: BuildSummary) -> dict[str, str]:
 
 def promote_built(ctx: Context, plan: Plan, summary: BuildSummary) -> list[Promotion]:
     """The build rule (module doc): fill channels that point nowhere or at a superseded
-    artifact; never one a rollback pinned (`registry.sql.aliases.pinned_by_rollback`), never
+    artifact; never one a rollback pinned (`registry.sql.alias_records.pinned_by_rollback`), never
     with a superseded artifact."""
     proven = _ready_entries(plan, summary)
     done: list[Promotion] = []
@@ -171,11 +172,11 @@ def promote_built(ctx: Context, plan: Plan, summary: BuildSummary) -> list[Promo
             current = alias_records.get_alias(session, channel.alias)
             status = records.get_status(session, current) if current else None
             if current == new or (current is not None and status != "superseded") \
-                    or aliases.pinned_by_rollback(session, channel.alias) is not None:
+                    or alias_records.pinned_by_rollback(session, channel.alias) is not None:
                 continue
-            history.set_alias(ctx.store, session, channel.alias, new,
-                              f"promoted by build of {plan.loaded.recipe.display_name}",
-                              details={"recipe": plan.loaded.recipe.display_name,
+            history.set_alias_and_record(ctx.store, session, channel.alias, new,
+                                         f"promoted by build of {plan.loaded.recipe.display_name}",
+                                         details={"recipe": plan.loaded.recipe.display_name,
                                        "target": channel.target, "rule": "build"})
         done.append(Promotion(channel.alias, channel.target, "promoted", current, new,
                               channel.max_regression,
@@ -186,14 +187,14 @@ def promote_built(ctx: Context, plan: Plan, summary: BuildSummary) -> list[Promo
 
 def held_by_rollback(ctx: Context, channel: Channel, new: str | None) -> Promotion | None:
     """Why *channel*'s alias must not move to *new*, whatever a gate measures: *new* is the
-    digest a rollback moved the alias away from (it stays pinned, `registry.sql.aliases`), or a
+    digest a rollback moved the alias away from (it stays pinned, `registry.ops.aliases`), or a
     `superseded` artifact (a re-smoke keeps it superseded; only `rollback` or a `tag` by
     hand brings one back). None when nothing forbids it."""
     if new is None:
         return None
     with ctx.registry.session(readonly=True) as session:
         current = alias_records.get_alias(session, channel.alias)
-        pin = aliases.pinned_by_rollback(session, channel.alias)
+        pin = alias_records.pinned_by_rollback(session, channel.alias)
         status = records.get_status(session, new)
     if current == new:
         return None
@@ -340,11 +341,12 @@ def _move(ctx: Context, plan: Plan, channel: Channel, made: Promotion) -> Promot
                "max_regression": channel.max_regression,
                "levels": [level.as_dict() for level in made.levels]}
     with ctx.registry.session() as session:
-        history.set_alias(ctx.store, session, channel.alias, new,
-                          f"promoted by nightly ({made.rule}): {made.reason}", details=details)
+        history.set_alias_and_record(ctx.store, session, channel.alias, new,
+                                     f"promoted by nightly ({made.rule}): {made.reason}",
+                                     details=details)
         if current is not None and not alias_records.aliases_for(session, current) \
                 and records.get_status(session, current) == "ready":
-            history.set_status(ctx.store, session, current, "superseded",
-                               f"replaced by {new} as {channel.alias}")
+            history.set_status_and_record(ctx.store, session, current, "superseded",
+                                          f"replaced by {new} as {channel.alias}")
     made.action = "promoted"
     return made

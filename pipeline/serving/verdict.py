@@ -146,15 +146,15 @@ def conclude(ctx: Context, judged: Judged, *, gpu: str, toolchain: dict[str, Any
     (a pass *held* back stays `built`: `record_verdict`), refuse the warm cache its server
     failed with, and after a pass capture this start's caches; the captured cache's digest,
     or None."""
-    from registry.sql import history
+    from registry.ops import history
 
     report, log = judged.report, judged.log_path or judged.report.log_path
     record_verdict(ctx, judged.digest, report, log=log, gpu=gpu, toolchain=toolchain, key=key,
                    held=held)
     if judged.refused is not None:
         with ctx.registry.session() as session:
-            history.set_status(ctx.store, session, judged.refused, "quarantined",
-                               f"refused: {report.warm_refused}, which passed")
+            history.set_status_and_record(ctx.store, session, judged.refused, "quarantined",
+                                          f"refused: {report.warm_refused}, which passed")
         _note(log, f"warm cache {judged.refused} refused: pull will not place it")
     return capture_warm(ctx, judged.digest, judged.started, log=log) if report.passed else None
 
@@ -183,9 +183,9 @@ def record_verdict(ctx: Context, digest: str, report: SmokeReport, *, log: Path,
                    held: str | None = None) -> None:
     """Record *report* as *digest*'s smoke evidence (measured on *gpu* with *toolchain*, with
     its *log*), and move *digest* to `ready` on a pass, `quarantined` on a failure
-    (`registry.sql.history.record_smoke`); a pass *held* back (why: a weight-stripped engine
+    (`registry.ops.history.record_smoke`); a pass *held* back (why: a weight-stripped engine
     without refit-equivalence evidence that holds) leaves it `built` with that reason."""
-    from registry.sql import history
+    from registry.ops import history
     from registry.sql.records import ArtifactStatus
 
     passed: ArtifactStatus = "ready" if held is None else "built"

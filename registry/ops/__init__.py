@@ -9,6 +9,10 @@
     resolve       which artifact a node with this GPU should serve: pure ranking over rows
     reindex       rebuild an empty registry from the store (the bucket is the whole truth)
     adopt         `enginectl import`: adopt an engine or checkpoint built elsewhere
+    history       status changes, smoke reports and alias moves: store record, then SQL row
+    aliases       tag, untag and rollback: name and status checks, then history
+    pending       a publish's blobs in flight, kept from gc until its rows commit
+    logs          a stage run's log stored as a blob when its lease is released; `logs`
 
 May import everything else in `registry` (identity, store, sql, the top-level helpers), never
 `pipeline`. Importing this package imports nothing: a fetch must stay free of SQLAlchemy.

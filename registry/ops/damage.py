@@ -96,7 +96,7 @@ def read_failure(store: Store, key: str, what: str, exc: IntegrityError) -> Inte
     """The error to raise for *exc*, a read of the object at *key* (*what*: the file it
     fills, or the manifest) that failed its digest, once the object is judged and, when
     damaged, set aside: its hint says which it was and what to do."""
-    judgement, aside = set_aside_damaged(store, key, exc.expected)
+    judgement, aside = set_aside_damaged(store, key, Digest.parse(str(exc.expected)))
     thing = "blob" if key.startswith("blobs/") else "manifest"
     if aside:
         hint = (f"{judgement.why}: the damaged {thing} was moved to {aside} in {store.url}; "

@@ -25,7 +25,7 @@ fetch-cache temp entry its writer still holds locked (a fetch in progress, howev
 
 gc runs in two phases, `Collector.mark` and `Collector.sweep`, under the registry's gc lock
 held exclusively (`registry.sql.gclock`): no publish registers in between, and a publish that
-began meanwhile puts back, under the same lock, any blob the sweep took (`registry.sql.pending`).
+began meanwhile puts back, under the same lock, any blob the sweep took (`registry.ops.pending`).
 Records (`records/`, `aliases/`) are history and are never collected.
 
 A `superseded` artifact (a promotion replaced it) beyond that window is retired first: it
@@ -45,7 +45,7 @@ from registry.identity.digest import Digest
 from registry.ops.damage import iter_damaged
 from registry.ops.fetch import load_manifest
 from registry.sql import alias_records, records
-from registry.sql.pending import drop_expired, live_pending_blobs
+from registry.sql.pending_publishes import drop_expired, live_pending_blobs
 from registry.sql.refit_evidence import refit_sources
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class Collector:
 
     def retire(self) -> None:
         """Superseded artifacts outside every alias's kept history become `deleted`."""
-        from registry.sql import history
+        from registry.ops import history
 
         with self.ctx.registry.session() as session:
             historic = alias_records.aliased_in_history(session, self.keep_superseded)
@@ -126,17 +126,17 @@ class Collector:
                        if r.digest not in historic]
             if not self.dry_run:
                 for digest in retired:
-                    history.set_status(self.ctx.store, session, digest, "deleted",
-                                       f"gc: superseded, past --keep-superseded "
-                                       f"{self.keep_superseded}")
+                    history.set_status_and_record(self.ctx.store, session, digest, "deleted",
+                                                  f"gc: superseded, past --keep-superseded "
+                                                  f"{self.keep_superseded}")
             gone = set(retired) | {r.digest for r in records.list_artifacts(
                 session, status="deleted") if r.digest not in historic}
             orphans = [r.digest for r in records.list_artifacts(session, kind="warm-cache")
                        if r.status != "deleted" and r.labels.get("artifact") in gone]
             if not self.dry_run:
                 for digest in orphans:
-                    history.set_status(self.ctx.store, session, digest, "deleted",
-                                       "gc: the artifact it was captured for is deleted")
+                    history.set_status_and_record(self.ctx.store, session, digest, "deleted",
+                                                  "gc: the artifact it was captured for is deleted")
         self.result.retired = retired + orphans
 
     def mark(self) -> None:
@@ -173,7 +173,7 @@ class Collector:
     def _in_flight(self) -> set[Digest]:
         """The blobs of the publishes in flight now: their half-written uploads stay, at any
         grace. Asked after the store listed them, so the row of each (committed before its
-        upload started, `registry.sql.pending`) is seen."""
+        upload started, `registry.ops.pending`) is seen."""
         with self.ctx.registry.session(readonly=True) as session:
             return live_pending_blobs(session, datetime.now(UTC))
 

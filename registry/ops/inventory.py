@@ -89,7 +89,7 @@ def show(ctx: Context, ref: str) -> dict[str, Any]:
     checkpoint."""
     from registry.ops.fetch import load_manifest
     from registry.sql import alias_records, leases, records, smoke_records
-    from registry.sql.aliases import pinned_by_rollback
+    from registry.sql.alias_records import pinned_by_rollback
     from registry.sql.evidence import evidence_for
     from registry.sql.refs import resolve_ref
 

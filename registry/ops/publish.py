@@ -19,7 +19,7 @@ Publishing the same content twice is a no-op; identical files are stored once.
                     again from its file; one that cannot be fails the publish (exit 4),
                     nothing registered
 
-so tests can run gc between any two of them (`registry.sql.pending` says why nothing it relies on
+so tests can run gc between any two of them (`registry.ops.pending` says why nothing it relies on
 can be lost). `run` does them in that order except that it hashes xxh3-128 first, all that
 `begin` and `upload` need, and lets the sha256, which only the manifest needs, run on
 background threads beside the upload (`digest_tree`); `prepare` then waits for it.
@@ -49,7 +49,7 @@ from registry.workers import WORKERS, Workers
 
 if TYPE_CHECKING:
     from registry.context import Context
-    from registry.sql.pending import Pending
+    from registry.ops.pending import Pending
     from registry.sql.records import ArtifactKind, ArtifactRecord, ArtifactStatus
 
 
@@ -259,8 +259,10 @@ class Publication:
         return self.manifest
 
     def begin(self, *, ttl: timedelta | None = None) -> None:
-        """*ttl*: how long the pending row lasts unless renewed (`registry.sql.pending.TTL`)."""
-        from registry.sql.pending import TTL, Pending
+        """*ttl*: how long the pending row lasts unless renewed
+        (`registry.sql.pending_publishes.TTL`)."""
+        from registry.ops.pending import Pending
+        from registry.sql.pending_publishes import TTL
 
         self.pending = Pending.begin(self.ctx, self.sources, ttl=ttl or TTL)
 
@@ -280,7 +282,8 @@ class Publication:
         self.ctx.store.put_manifest(self.manifest.digest, self.manifest.to_bytes())
 
     def commit(self) -> Published:
-        from registry.sql import history, records
+        from registry.ops import history
+        from registry.sql import records
         from registry.sql.models import utcnow
 
         assert self.pending is not None, "begin() first"  # noqa: S101 - phase order
@@ -290,10 +293,10 @@ class Publication:
         with self.pending.committing(also=self._before_registering) as session:
             registered = records.add_artifact_if_absent(session, record)
             if registered:
-                history.registered(self.ctx.store, record)
+                history.record_registered(self.ctx.store, record)
             elif records.get_status(session, record.digest) == "deleted":
-                history.set_status(self.ctx.store, session, record.digest, self.status,
-                                   "published again after it was deleted")
+                history.set_status_and_record(self.ctx.store, session, record.digest, self.status,
+                                              "published again after it was deleted")
         uploaded = self.pending.uploaded
         return Published(record.digest, self.manifest, registered, len(uploaded),
                          self.bytes_uploaded)

@@ -1,6 +1,6 @@
 """reindex: rebuild an empty registry from the store (the bucket is the whole truth).
 
-Every manifest becomes an artifact row; the store's records (`registry.sql.history`) give each
+Every manifest becomes an artifact row; the store's records (`registry.ops.history`) give each
 its last status (ready, quarantined, superseded, deleted, …, with the reason and the recipe
 it was built from), its smoke reports (and so `best_tokens_per_s`), and every alias with its
 whole history. An artifact without status records comes back `built`.
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from registry.errors import IntegrityError, ManifestError, NotFoundError, UsageError
+from registry.ops import history
 from registry.ops.fetch import load_manifest
 from registry.ops.publish import record_of
-from registry.sql import alias_records, history, records, smoke_records
+from registry.sql import alias_records, records, smoke_records
 from registry.workers import WORKERS, Workers
 
 if TYPE_CHECKING:

@@ -8,15 +8,16 @@
     records       artifacts and their files, as the plain dataclasses the rest of enginectl
                   reads and writes; the other subjects, the same way, one module each:
     alias_records, smoke_records, evidence, build_inputs (recipes, toolchains), nightly_runs
-    aliases       a user's tag and untag: name checks, then history
-    history       status changes, smoke reports and alias moves: store record, then SQL row
-    leases, heartbeat, pending, gclock    rows with an expiry kept alive, and the gc lock
+    leases, heartbeat, pending_publishes, gclock    rows with an expiry kept alive, and
+                  the gc lock
     lookup        what fetch and plan read on the database driver alone, without SQLAlchemy
     transient, resilient    which connection faults are retried and for how long; the
                   PostgreSQL connection that retries them (SQLAlchemy's pool and lookup's)
 
-May import: `registry.errors`, `registry.identity`, the store's interface (`registry.store.base`)
-and the registry's top-level helpers (config, context, progress, workers). Never the store
-backends, `registry.ops` or `pipeline`. `lookup` imports no SQLAlchemy, and importing this
-package imports nothing.
+Functions over a session (or a connection): none holds a `Context` or touches the store;
+what writes the store and SQL together (history records, tag and rollback, a publish's
+blobs in flight, a stage run's log) is `registry.ops`. May import `registry.errors`,
+`registry.identity`, `registry.config` and the small top-level helpers (filelock, workers).
+Never `registry.store`, `registry.context`, `registry.ops` or `pipeline`. `lookup` imports
+no SQLAlchemy, and importing this package imports nothing.
 """

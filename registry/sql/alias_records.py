@@ -1,6 +1,7 @@
 """Aliases in SQL: where each name points now, and every move it made (what `rollback`,
 `gc`'s keep rules and `alias history` read). The store half, and the one call that writes
-both, is `registry.sql.history`; the checks a user's tag goes through are `registry.sql.aliases`.
+both, is `registry.ops.history`; the checks a user's tag goes through are `registry.ops.aliases`.
+A rollback pins its alias (`pinned_by_rollback`), read from the same history.
 """
 
 from __future__ import annotations
@@ -121,3 +122,36 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
         .where(AliasEventRow.name == name).order_by(AliasEventRow.id)
     )
     return [AliasEvent(*row) for row in session.execute(query)]
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """An alias held where a rollback put it: *to_digest*, away from *from_digest*."""
+
+    alias: str
+    from_digest: str
+    to_digest: str
+    at: datetime
+    note: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"alias": self.alias, "from": self.from_digest, "to": self.to_digest,
+                "at": self.at.isoformat(), "note": self.note}
+
+    def describe(self) -> str:
+        """`pinned by a rollback at 2026-12-02T… from sha256:…: TTFT regression`"""
+        return (f"pinned by a rollback at {self.at.isoformat(timespec='seconds')} from "
+                f"{self.from_digest[:19]}…" + (f": {self.note}" if self.note else ""))
+
+
+def pinned_by_rollback(session: Session, alias: str) -> Pin | None:
+    """The rollback that pins *alias* (module doc): its last move, when that move was a
+    `rollback` and the alias still points where it put it; None otherwise."""
+    moves = alias_history(session, alias)
+    last = moves[-1] if moves else None
+    if last is None or last.digest is None or not (last.details or {}).get("rollback"):
+        return None
+    left = (last.details or {}).get("from") or last.previous_digest
+    if not isinstance(left, str) or get_alias(session, alias) != last.digest:
+        return None
+    return Pin(alias, left, last.digest, last.at, last.note)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S
 from registry.sql.lookup import HEAD, open_reader
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 _TARGETS = (
     "SELECT e.id, e.digest, e.at, a.kind, a.status, a.toolchain, s.toolchain "

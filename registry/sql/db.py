@@ -57,10 +57,10 @@ from typing import Any
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import ORMExecuteState, Session
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import NoRegistryError, RegistryError
-from registry.sql.engine import READONLY, make_engine, safe_url, sqlite_file, translating
+from registry.sql.engine import READONLY, make_engine, sqlite_file, translating
 from registry.sql.schema import SchemaState, migrate_if, peek_revision, schema_error, schema_state
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 
 def _refuse_orm_writes(state: ORMExecuteState) -> None:
@@ -142,7 +142,7 @@ def open_registry(url: str, *, readonly: bool = False,
     if readonly:
         return _open_readonly(url, retry_s)
     engine = make_engine(url, retry_s=retry_s)
-    shown = safe_url(url)
+    shown = masked_url(url)
     wanted: set[SchemaState] = {"empty", "behind"} if engine.dialect.name == "sqlite" else {"empty"}
     try:
         with translating(shown):
@@ -161,7 +161,7 @@ def open_registry(url: str, *, readonly: bool = False,
 
 def _open_readonly(url: str, retry_s: float) -> Registry:
     engine = make_engine(url, readonly=True, retry_s=retry_s)
-    shown = safe_url(url)
+    shown = masked_url(url)
     try:
         with translating(shown):
             revision = peek_revision(engine)

@@ -22,20 +22,13 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import ConflictError, DamagedRegistryError, NoRegistryError, RegistryError
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S, unreachable
+from registry.sql.transient import unreachable
 
 SQLITE_BUSY_TIMEOUT_S: Final = 30
 READONLY: Final = "enginectl_readonly"
 """The execution option that marks a connection's transactions read-only (SQLite: `BEGIN`)."""
-
-
-def safe_url(url: str | URL) -> str:
-    """*url* with its password replaced by `***`, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable registry URL>"
 
 
 
@@ -151,8 +144,9 @@ def make_engine(url: str, *, readonly: bool = False,
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
-        raise RegistryError(f"not a registry URL: {safe_url(url)!r} ({exc})") from exc
+        raise RegistryError(f"not a registry URL: {masked_url(url)!r} ({exc})") from exc
     backend = parsed.get_backend_name()
+    shown_url = masked_url(parsed.render_as_string(hide_password=False))
     if backend in ("postgresql", "postgres"):
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
@@ -161,14 +155,13 @@ def make_engine(url: str, *, readonly: bool = False,
         return engine
     if backend != "sqlite":
         raise RegistryError(
-            f"unsupported registry URL {safe_url(parsed)}: "
+            f"unsupported registry URL {shown_url}: "
             "use sqlite:///path/registry.db or postgresql+psycopg://user@host/db"
         )
     path = sqlite_file(parsed)
     if readonly:
         if path is None:
-            raise RegistryError(f"registry {safe_url(parsed)} is not a SQLite file: nothing "
-                                "to read")
+            raise RegistryError(f"registry {shown_url} is not a SQLite file: nothing to read")
         return _readonly_sqlite_engine(parsed, path)
     if path is not None:
         preparesqlite_file(path)
@@ -182,12 +175,13 @@ def _readonly_sqlite_engine(parsed: URL, path: Path) -> Engine:
     """An engine on the existing SQLite file *path* that cannot create or write it."""
     import sqlite3
 
+    shown_url = masked_url(parsed.render_as_string(hide_password=False))
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        raise NoRegistryError(safe_url(parsed), missing=True) from None
+        raise NoRegistryError(shown_url, missing=True) from None
     except OSError as exc:
-        raise RegistryError(f"cannot use registry {safe_url(parsed)}: "
+        raise RegistryError(f"cannot use registry {shown_url}: "
                             f"{exc.strerror or exc}") from exc
     if size == 0:
         raise DamagedRegistryError(str(path))

@@ -1,5 +1,5 @@
 """The heartbeat: the one thread that keeps a row with an expiry alive — a held lease
-(`registry.sql.leases`, the default) or a publish's pending row (`registry.sql.pending`).
+(`registry.sql.leases`, the default) or a publish's pending row (`registry.ops.pending`).
 
     with Heartbeat(ctx.registry, key, owner=owner, ttl_s=ttl_s, on_lost=stop_the_work):
         ...  # the work the lease guards

@@ -15,8 +15,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from registry.config import masked_url
 from registry.errors import NoRegistryError
-from registry.sql.lookup import HEAD, json_column, open_reader, shown
+from registry.sql.lookup import HEAD, json_column, open_reader
 from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 COLUMNS: Final = (
@@ -57,7 +58,7 @@ def listed_artifacts(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S,
     its SQLite file does not exist."""
     with open_reader(url, retry_s) as reader:
         if reader.absent == "file":
-            raise NoRegistryError(shown(url), missing=True)
+            raise NoRegistryError(masked_url(url), missing=True)
         if reader.revision() != HEAD:
             return None
         where = [f"a.{name} = ?" for name in _FILTERS if filters.get(name) is not None]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import (
     DamagedRegistryError,
     NoRegistryError,
@@ -40,7 +41,7 @@ from registry.errors import (
     RegistryError,
 )
 from registry.identity.refs import resolve_with
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S, unreachable
+from registry.sql.transient import unreachable
 
 HEAD: Final = "0003"
 """The Alembic revision of the newest schema (`registry.sql.schema` reads it from here, so
@@ -69,7 +70,7 @@ def lookup(url: str, ref: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> 
             full = re.fullmatch(r"sha256:[0-9a-f]{64}", ref) is not None
             if reader.absent is None or full:  # a full digest may still be in the store
                 raise
-            raise NoRegistryError(shown(url), missing=reader.absent == "file") from exc
+            raise NoRegistryError(masked_url(url), missing=reader.absent == "file") from exc
         return Found(digest, *reader.status(digest))
 
 
@@ -319,21 +320,21 @@ def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Re
         driver_error = psycopg.Error
     else:
         raise RegistryError(
-            f"unsupported registry URL {shown(url)}: "
+            f"unsupported registry URL {masked_url(url)}: "
             "use sqlite:///path/registry.db or postgresql+psycopg://user@host/db"
         )
     try:
         with opener(url) as (connection, absent):
             yield _Reader(connection, placeholder, absent)
     except driver_error as exc:
-        lost = unreachable(shown(url), exc)
+        lost = unreachable(masked_url(url), exc)
         if lost is not None:
             raise lost from exc
         lines = str(exc).strip().splitlines()
         detail = lines[0] if lines else type(exc).__name__
         if scheme == "sqlite" and _damaged(exc):
             raise DamagedRegistryError(str(_sqlite_path(url)), detail) from exc
-        raise RegistryError(f"cannot use registry {shown(url)}: {detail}") from exc
+        raise RegistryError(f"cannot use registry {masked_url(url)}: {detail}") from exc
 
 
 open_reader = _reader  # for the other driver-only reads (`warm_lookup`, `alias_targets`)
@@ -372,7 +373,7 @@ def _sqlite_path(url: str) -> Path:
     parts = urlsplit(url)
     path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
     if not path or path == ":memory:" or parts.query:
-        raise RegistryError(f"registry {shown(url)} is not a SQLite file URL")
+        raise RegistryError(f"registry {masked_url(url)} is not a SQLite file URL")
     return Path(path).expanduser()
 
 
@@ -395,6 +396,3 @@ def _postgres(url: str, *, retry_s: float) -> Iterator[tuple[Any, str | None]]:
         yield (connection, None) if found and found[0] else (None, "tables")
 
 
-def shown(url: str) -> str:
-    """*url* with its password replaced by `***`, for messages."""
-    return re.sub(r"^([^:/]+://[^:/@]+):[^@]*@", r"\1:***@", url)

@@ -9,7 +9,7 @@ UPDATE), so they are correct on PostgreSQL under concurrency and on SQLite, wher
 `Registry.session()` already serialises writers.
 
 Status changes, alias moves and smoke reports are also records in the store (the bucket is
-the whole truth): write them through `registry.sql.history`, which puts the store record and
+the whole truth): write them through `registry.ops.history`, which puts the store record and
 then these rows in one call; the writers here are the SQL half (and what `reindex` replays).
 
 This module holds the artifacts and their files (and what gc must keep of them); the other

@@ -38,11 +38,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S
 from registry.sql.replay import Answer as _Answer
 from registry.sql.replay import Ids as _Ids
 from registry.sql.replay import Step as _Step
 from registry.sql.replay import ask as _ask
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S, is_transient, retrying
+from registry.sql.transient import is_transient, retrying
 
 _SETTINGS: Final = ("autocommit", "isolation_level", "read_only", "deferrable")
 _READ: Final = re.compile(r"\s*(\(?\s*SELECT\b|WITH\b|SHOW\b|;|$)", re.IGNORECASE)

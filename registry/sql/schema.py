@@ -16,11 +16,11 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import SchemaError
-from registry.sql.engine import READONLY, make_engine, safe_url, sqlite_file, translating
+from registry.sql.engine import READONLY, make_engine, sqlite_file, translating
 from registry.sql.gclock import SCHEMA_KEY
 from registry.sql.lookup import HEAD as LOOKUP_HEAD
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -150,8 +150,8 @@ def migrate_if(engine: Engine, wanted: set[SchemaState]) -> str | None:
                 command.upgrade(_alembic_config(connection), "head")
                 if sqlite and connection.exec_driver_sql("PRAGMA foreign_key_check").first():
                     raise SchemaError(
-                        f"migrating {safe_url(engine.url)} to {head_revision()} would break "
-                        "foreign keys; nothing was changed"
+                        f"migrating {masked_url(engine.url.render_as_string(hide_password=False))}"
+                        f" to {head_revision()} would break foreign keys; nothing was changed"
                     )
                 return head_revision()
         finally:
@@ -171,7 +171,7 @@ def current(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> str | Non
         return None
     engine = make_engine(url, readonly=path is not None, retry_s=retry_s)
     try:
-        with translating(safe_url(url)):
+        with translating(masked_url(url)):
             return peek_revision(engine)
     finally:
         engine.dispose()
@@ -181,10 +181,10 @@ def upgrade(url: str) -> str:
     """Migrate the database to this binary's head and return it; refuses a newer schema."""
     engine = make_engine(url)
     try:
-        with translating(safe_url(url)):
+        with translating(masked_url(url)):
             revision = migrate_if(engine, {"empty", "behind"})
         if schema_state(revision) != "current":
-            raise schema_error(revision, schema_state(revision), safe_url(url))
+            raise schema_error(revision, schema_state(revision), masked_url(url))
         return head_revision()
     finally:
         engine.dispose()

@@ -1,6 +1,6 @@
 """Smoke reports in SQL: the evidence that an artifact serves, where it was measured, and
 the best throughput per artifact and per GPU that resolve ranks by. The store half (and the
-one call that writes both) is `registry.sql.history`.
+one call that writes both) is `registry.ops.history`.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ The budget (`budget`) is the time the leases this process holds have left: every
 its holder stops at a sixth of its TTL left, and a registry call never waits past that
 point, so a builder that cannot reach the registry stops before another may take its key
 over. A process that holds no lease (a `pull`, a `fetch`, a plan) waits for the registry's
-retry window (`ENGINECTL_REGISTRY_RETRY_S`, `REGISTRY_RETRY_DEFAULT_S`), counted from the
-first failure of the call.
+retry window (`ENGINECTL_REGISTRY_RETRY_S`, `registry.config.REGISTRY_RETRY_DEFAULT_S`),
+counted from the first failure of the call.
 
 What a retry repeats, and why that is safe, is `registry.sql.resilient`'s business; this
 module never imports SQLAlchemy or a driver (the fetch path keeps them off).
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Final, TypeVar
 if TYPE_CHECKING:
     from registry.errors import RegistryUnreachableError
 
+from registry.config import REGISTRY_RETRY_DEFAULT_S
+
 T = TypeVar("T")
 
-REGISTRY_RETRY_DEFAULT_S: Final = 30.0
-"""How long a registry call made without a lease retries a connection fault."""
 FIRST_BACKOFF_S: Final = 0.05
 MAX_BACKOFF_S: Final = 1.0
 NOTE_AFTER_S: Final = 1.0

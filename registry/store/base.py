@@ -10,7 +10,7 @@ absent or complete under its final name. An existing object is trusted only as f
 check goes: a blob of the wrong size counts as missing (and is replaced), a stored manifest is
 compared byte for byte (and replaced when it differs).
 
-Small immutable records (`registry.sql.history`) and objects set aside as damaged
+Small immutable records (`registry.ops.history`) and objects set aside as damaged
 (`registry.ops.damage`) use the generic `put_object`/`get_object`/`list_objects`/`move_object`/
 `delete_object`, with keys from `registry.identity.layout`.
 
@@ -32,7 +32,7 @@ from registry.identity.digest import Algorithm, Digest
 Progress = Callable[[int], None]
 """Called with the number of bytes moved since the last call (negative when a part is retried)."""
 InFlight = Callable[[], Container[Digest]]
-"""The blobs publishes in flight are writing (`registry.sql.pending`), for `remove_partial`."""
+"""The blobs publishes in flight are writing (`registry.ops.pending`), for `remove_partial`."""
 
 
 @dataclass(frozen=True, slots=True)

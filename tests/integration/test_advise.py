@@ -22,10 +22,11 @@ import yaml
 from pipeline.serving.capacity import Curve, RatePoint, curve_of_rounds
 from registry.config import RegistryConfig
 from registry.context import Context
+from registry.ops import history
 from registry.ops.adopt import ImportSpec, import_artifact
 from registry.ops.publish import publish
 from registry.ops.reindex import reindex
-from registry.sql import build_inputs, history
+from registry.sql import build_inputs
 from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.integration.engines import make_engine
 from tests.integration.test_compare import checkpoint_dir

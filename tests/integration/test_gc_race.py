@@ -21,12 +21,13 @@ import pytest
 
 from registry.context import Context
 from registry.identity.digest import Digest, digest_file
-from registry.logs import release_lease
+from registry.ops import history
 from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import Collected, Collector, gc
+from registry.ops.logs import release_lease_with_log
 from registry.ops.publish import Publication, digest_directory
-from registry.sql import history, leases, records
+from registry.sql import leases, records
 from registry.sql.db import open_registry
 from tests.integration.db_fixtures import postgres_schema
 from tests.integration.engines import make_engine
@@ -196,14 +197,14 @@ def test_gc_keeps_stage_logs_smoke_logs_and_what_alias_history_names(
     ctx: Context, tmp_path: Path
 ) -> None:
     from registry.ops.adopt import ImportSpec, import_artifact
-    from registry.sql.aliases import tag, untag
+    from registry.ops.aliases import tag, untag
 
     log = tmp_path / "build.log"
     log.write_text("trtllm-build: engine written\n")
     key = "k1:" + "7" * 64
     with ctx.registry.session() as session:
         assert leases.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
-    assert release_lease(ctx, key, owner="me", status="succeeded", log=log)
+    assert release_lease_with_log(ctx, key, owner="me", status="succeeded", log=log)
     engine = make_engine(tmp_path / "engine")
     old = import_artifact(ctx, engine, ImportSpec(kind="trtllm-engine", model="m", gpu="h100",
                                                   status="ready"))
@@ -214,7 +215,7 @@ def test_gc_keeps_stage_logs_smoke_logs_and_what_alias_history_names(
     tag(ctx, old.digest, "m/prod")
     untag(ctx, "m/prod")
     with ctx.registry.session() as session:
-        history.set_status(ctx.store, session, old.digest, "deleted", "retired")
+        history.set_status_and_record(ctx.store, session, old.digest, "deleted", "retired")
     later = datetime.now(UTC) + timedelta(days=30)
     collected = gc(ctx, now=later)
     assert collected.blobs == []
@@ -256,7 +257,7 @@ def test_gc_past_its_grace_frees_a_deleted_artifact_but_not_the_blobs_it_shares(
     assert shared  # config.json and the tokenizer are the same bytes
     assert own
     with ctx.registry.session() as session:
-        history.set_status(ctx.store, session, doomed.digest, "deleted", "retired")
+        history.set_status_and_record(ctx.store, session, doomed.digest, "deleted", "retired")
     later = datetime.now(UTC) + timedelta(days=8)
     collected = gc(ctx, now=later)
     assert collected.manifests == [doomed.digest]
@@ -275,7 +276,7 @@ def test_logs_prints_a_stage_runs_log_after_gc(ctx: Context, tmp_path: Path) -> 
     key = "k1:" + "8" * 64
     with ctx.registry.session() as session:
         leases.try_acquire_lease(session, key, owner="me", host="h", pid=1, ttl_s=60)
-    release_lease(ctx, key, owner="me", status="failed", error="boom", log=log)
+    release_lease_with_log(ctx, key, owner="me", status="failed", error="boom", log=log)
     imported = import_artifact(ctx, make_engine(tmp_path / "engine"),
                                ImportSpec(kind="trtllm-engine", model="m", gpu="h100"))
     smoke_log = tmp_path / "smoke.log"
@@ -309,7 +310,7 @@ def test_publishing_a_deleted_artifact_again_brings_it_back_even_if_gc_took_its_
     source = make_engine(tmp_path / "engine")
     first = _publication(ctx, source).run()
     with ctx.registry.session() as session:
-        history.set_status(ctx.store, session, first.digest, "deleted", "retired")
+        history.set_status_and_record(ctx.store, session, first.digest, "deleted", "retired")
     again = _publication(ctx, source)
     for phase in PHASES[:4]:
         getattr(again, phase)()

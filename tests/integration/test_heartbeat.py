@@ -33,12 +33,13 @@ from registry.identity.digest import Digest
 from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import gc
+from registry.ops.pending import Pending
 from registry.ops.publish import Publication
 from registry.sql import leases, records
 from registry.sql.db import open_registry
 from registry.sql.heartbeat import Heartbeat
 from registry.sql.models import PendingPublish
-from registry.sql.pending import Pending, drop_pending
+from registry.sql.pending_publishes import drop_pending
 from tests.helpers import builder_env
 from tests.integration.builds import (
     GUARD_S,
@@ -202,7 +203,7 @@ def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
     assert "not permitted to log in" in reasons[0]
 
 
-# --- a publish's pending row (`registry.sql.pending`) --------------------------------------------
+# --- a publish's pending row (`registry.ops.pending`) --------------------------------------------
 
 
 PENDING_TTL = timedelta(seconds=BLIP_TTL_S)

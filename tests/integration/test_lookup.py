@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from registry.config import masked_url
 from registry.errors import NoRegistryError, RecordNotFoundError, RegistryError, UsageError
 from registry.sql import alias_records, records
 from registry.sql.db import Registry
-from registry.sql.lookup import Found, lookup, shown
+from registry.sql.lookup import Found, lookup
 from registry.sql.refs import resolve_ref
 from tests.integration.db_fixtures import make_record
 
@@ -83,7 +84,7 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
     assert message.startswith("cannot use registry postgresql+psycopg://enginectl:***@127.0.0.1:1")
     assert "s3cret" not in message
     assert "\n" not in message
-    assert shown("sqlite:////tmp/r.db") == "sqlite:////tmp/r.db"
+    assert masked_url("sqlite:////tmp/r.db") == "sqlite:////tmp/r.db"
 
 
 def test_an_unsupported_url_is_refused() -> None:

@@ -17,9 +17,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import inspect
 
+from registry.config import masked_url
 from registry.sql.db import open_registry
 from registry.sql.engine import make_engine
-from registry.sql.lookup import shown
 from registry.sql.schema import HEAD, current, migrations_dir
 from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.helpers import ROOT
@@ -144,7 +144,7 @@ def test_an_empty_postgres_database_gets_no_tables_from_a_read(
 ) -> None:
     env = _env(tmp_path, ENGINECTL_REGISTRY_URL=postgres_url)
     for args in READS + BY_REF:
-        _refused(_run(env, args, tmp_path), f"registry {shown(postgres_url)} is empty",
+        _refused(_run(env, args, tmp_path), f"registry {masked_url(postgres_url)} is empty",
                  "`enginectl db upgrade` creates it")
     info = _run(env, ["info", "--json"], tmp_path)
     assert info.returncode == 0, info.stderr

@@ -30,13 +30,13 @@ from registry.identity.digest import Digest, digest_file
 from registry.identity.layout import blob_name
 from registry.identity.manifest import FileEntry, Manifest
 from registry.ops.adopt import ImportSpec, import_artifact
+from registry.ops.aliases import tag, untag
 from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import gc
 from registry.ops.publish import publish
 from registry.ops.resolve import Request, resolve
 from registry.sql import alias_records, records, smoke_records
-from registry.sql.aliases import tag, untag
 from tests.integration.engines import engine_spec, make_engine
 
 

@@ -9,9 +9,9 @@ from registry.config import RegistryConfig
 from registry.context import Context
 from registry.identity.digest import Digest
 from registry.ops.adopt import import_artifact
+from registry.ops.aliases import tag, untag
 from registry.ops.reindex import reindex
 from registry.sql import alias_records, records, smoke_records
-from registry.sql.aliases import tag, untag
 from tests.integration.engines import engine_spec, make_engine, overwrite
 
 
@@ -52,7 +52,7 @@ def test_reindex_restores_statuses_evidence_and_aliases(
     """The bucket is the whole truth: from the store alone, reindex brings back every status
     (ready, quarantined, superseded, deleted, built), every smoke report with its GPU,
     toolchain and key, best_tokens_per_s, and every alias with its history."""
-    from registry.sql import history
+    from registry.ops import history
 
     ready = import_artifact(ctx, make_engine(tmp_path / "a", seed=1), engine_spec())
     smoked = import_artifact(ctx, make_engine(tmp_path / "b", seed=2),
@@ -62,23 +62,26 @@ def test_reindex_restores_statuses_evidence_and_aliases(
     plain = import_artifact(ctx, make_engine(tmp_path / "e", seed=5),
                             engine_spec(status="built"))
     with ctx.registry.session() as session:
-        history.add_smoke_report(ctx.store, session, smoked.digest, False,
-                                 {"failure": "chat: timeout"}, gpu="H100-SXM5-80GB")
-        history.add_smoke_report(ctx.store, session, smoked.digest, True,
-                                 {"best_output_tokens_per_s": 812.5}, gpu="H100-SXM5-80GB",
-                                 toolchain={"trtllm": "1.2.1"}, key="k1:" + "5" * 64)
-        history.set_status(ctx.store, session, smoked.digest, "ready")
-        history.add_smoke_report(ctx.store, session, bad.digest, False, {"failure": "x"})
-        history.set_status(ctx.store, session, bad.digest, "quarantined", "smoke failed: x")
-        history.set_status(ctx.store, session, old.digest, "superseded", "by a faster one")
+        history.add_smoke_report_and_record(ctx.store, session, smoked.digest, False,
+                                            {"failure": "chat: timeout"}, gpu="H100-SXM5-80GB")
+        history.add_smoke_report_and_record(ctx.store, session, smoked.digest, True,
+                                            {"best_output_tokens_per_s": 812.5},
+                                            gpu="H100-SXM5-80GB",
+                                            toolchain={"trtllm": "1.2.1"}, key="k1:" + "5" * 64)
+        history.set_status_and_record(ctx.store, session, smoked.digest, "ready")
+        history.add_smoke_report_and_record(ctx.store, session, bad.digest, False, {"failure": "x"})
+        history.set_status_and_record(ctx.store, session, bad.digest, "quarantined",
+                                      "smoke failed: x")
+        history.set_status_and_record(ctx.store, session, old.digest, "superseded",
+                                      "by a faster one")
     tag(ctx, ready.digest, "m/h100/prod", note="first")
     tag(ctx, smoked.digest, "m/h100/prod", note="faster")
     tag(ctx, old.digest, "m/h100/gone", allow_unready=True)
     untag(ctx, "m/h100/gone")
     with ctx.registry.session() as session:
-        history.set_alias(ctx.store, session, "m/h100/canary", ready.digest, "promoted",
-                          details={"old": 500.0, "new": 812.5})
-        history.set_status(ctx.store, session, plain.digest, "deleted", "gc")
+        history.set_alias_and_record(ctx.store, session, "m/h100/canary", ready.digest, "promoted",
+                                     details={"old": 500.0, "new": 812.5})
+        history.set_status_and_record(ctx.store, session, plain.digest, "deleted", "gc")
     before = _state(ctx)
 
     fresh = _fresh(ctx, tmp_path)

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from registry.sql.alias_records import get_alias
-from registry.sql.aliases import pinned_by_rollback
+from registry.sql.alias_records import get_alias, pinned_by_rollback
 from registry.sql.db import open_registry
 from registry.sql.records import get_status
 from tests.cli_forkserver import run_cli

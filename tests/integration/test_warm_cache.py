@@ -254,7 +254,7 @@ def test_a_damaged_cache_starts_cold_and_gc_removes_it_with_its_artifact(
         tmp_path: Path, env: dict[str, str], tiny_model: Path, registry_url: str) -> None:
     from registry.config import RegistryConfig
     from registry.context import Context
-    from registry.sql import history
+    from registry.ops import history
 
     entry = built(tmp_path, env, tiny_model)
     (warm,) = warm_caches(env)
@@ -273,7 +273,8 @@ def test_a_damaged_cache_starts_cold_and_gc_removes_it_with_its_artifact(
     ctx = Context(RegistryConfig.from_env(env))
     try:
         with ctx.registry.session() as session:
-            history.set_status(ctx.store, session, entry, "deleted", "test: retired by hand")
+            history.set_status_and_record(ctx.store, session, entry, "deleted",
+                                          "test: retired by hand")
     finally:
         ctx.close()
     cli(env, "gc", "--grace", "0s")

@@ -213,15 +213,15 @@ def iter_names(store: Store) -> Iterator[str]:
 # writers: SQL statements, then the store record, then the caller's commit
 
 
-def set_status(store: Store, session: Session, digest: str, status: records.ArtifactStatus,
-               reason: str | None = None) -> None:
+def set_status_and_record(store: Store, session: Session, digest: str,
+                          status: records.ArtifactStatus, reason: str | None = None) -> None:
     """Move *digest* to *status* (`records.set_status`'s rules) and record it."""
     at = utcnow()
     records.set_status(session, digest, status, reason, at=at)
     put(store, StatusRecord(digest, status, reason, at))
 
 
-def registered(store: Store, record: records.ArtifactRecord) -> None:
+def record_registered(store: Store, record: records.ArtifactRecord) -> None:
     """Record the status a newly registered artifact starts with (call it after the row is
     inserted, before its transaction commits)."""
     at = record.created_at or utcnow()
@@ -229,9 +229,10 @@ def registered(store: Store, record: records.ArtifactRecord) -> None:
                             record.recipe_digest))
 
 
-def add_smoke_report(store: Store, session: Session, digest: str, passed: bool,
-                     report: dict[str, Any], *, gpu: str | None = None,
-                     toolchain: dict[str, Any] | None = None, key: str | None = None) -> None:
+def add_smoke_report_and_record(store: Store, session: Session, digest: str, passed: bool,
+                                report: dict[str, Any], *, gpu: str | None = None,
+                                toolchain: dict[str, Any] | None = None,
+                                key: str | None = None) -> None:
     """Attach a smoke report to *digest* (`smoke_records.add_smoke_report`) and record it."""
     at = utcnow()
     smoke_records.add_smoke_report(session, digest, passed, report, gpu=gpu, toolchain=toolchain,
@@ -239,9 +240,9 @@ def add_smoke_report(store: Store, session: Session, digest: str, passed: bool,
     put(store, SmokeRecord(digest, passed, report, at, gpu, toolchain, key))
 
 
-def set_alias(store: Store, session: Session, name: str, digest: str,
-              note: str | None = None, *, details: dict[str, Any] | None = None,
-              always: bool = False) -> str | None:
+def set_alias_and_record(store: Store, session: Session, name: str, digest: str,
+                         note: str | None = None, *, details: dict[str, Any] | None = None,
+                         always: bool = False) -> str | None:
     """Point *name* at *digest* (`alias_records.set_alias`) and record the move; no record when
     it already pointed there, unless *always* (a tag that clears a rollback's pin). Returns
     the digest it pointed at before."""
@@ -253,7 +254,8 @@ def set_alias(store: Store, session: Session, name: str, digest: str,
     return previous
 
 
-def remove_alias(store: Store, session: Session, name: str, note: str | None = None) -> str:
+def remove_alias_and_record(store: Store, session: Session, name: str,
+                            note: str | None = None) -> str:
     """Remove *name* (`alias_records.remove_alias`) and record it; returns its last digest."""
     at = utcnow()
     previous = alias_records.remove_alias(session, name, note, at=at)
@@ -273,7 +275,7 @@ def record_smoke(
 
     A passing re-smoke of a `superseded` artifact leaves it superseded: the report is new
     evidence, but what replaced it (a promotion, a rollback away from it) still stands."""
-    from registry.sql.pending import Pending
+    from registry.ops.pending import Pending
 
     sources: dict[Digest, Path] = {}
     if log is not None and log.is_file():
@@ -284,10 +286,10 @@ def record_smoke(
         pending.upload()
         with pending.committing() as session:
             kept = {**report, "log": log_digest} if log_digest else report
-            add_smoke_report(ctx.store, session, digest, passed, kept, gpu=gpu,
-                             toolchain=toolchain, key=key)
+            add_smoke_report_and_record(ctx.store, session, digest, passed, kept, gpu=gpu,
+                                        toolchain=toolchain, key=key)
             if not (status == "ready" and records.get_status(session, digest) == "superseded"):
-                set_status(ctx.store, session, digest, status, reason)
+                set_status_and_record(ctx.store, session, digest, status, reason)
     finally:
         pending.end()
     return log_digest

@@ -1,7 +1,7 @@
 """logs: the log of the stage run that made an artifact, stored in the store as a blob.
 
 A stage run's log (its programs' stdout and stderr, through the process runner) is stored
-when the run's lease is released (`release_lease`: the blob is kept from gc from before it
+when the run's lease is released (`release_lease_with_log`: the blob is kept from gc from before it
 is uploaded until the row naming it commits, like a publish's); `stage_runs.log_location`
 names it, and gc keeps every blob a stage run or a smoke report references. `logs` finds it
 by artifact (REF: the run of the artifact's key) or by stage key, or, with `smoke`, the log
@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from registry.context import Context
 
 
-def release_lease(ctx: Context, key: str, *, owner: str, status: leases.RunStatus,
-                  artifact_digest: str | None = None, error: str | None = None,
-                  log: Path | None = None) -> bool:
+def release_lease_with_log(ctx: Context, key: str, *, owner: str, status: leases.RunStatus,
+                           artifact_digest: str | None = None, error: str | None = None,
+                           log: Path | None = None) -> bool:
     """Finish *owner*'s run of *key* (`leases.release_lease`) with its *log* stored as a
     blob that gc keeps; False when the lease was taken over meanwhile."""
-    from registry.sql.pending import Pending
+    from registry.ops.pending import Pending
 
     finished = cast(Literal["succeeded", "failed", "cancelled"], status)  # never "running"
     if log is None or not log.is_file():

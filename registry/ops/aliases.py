@@ -1,60 +1,25 @@
 """tag, untag and rollback: movable names (`llama70b/h100/prod`) for digests, with history
-kept (in SQL and, as one record per move, in the store: `registry.sql.history`).
+kept (in SQL and, as one record per move, in the store: `registry.ops.history`).
 
 A rollback is sticky: while an alias's last move is a rollback, it is *pinned*
-(`pinned_by_rollback`, read from that history, so `reindex` restores it with the rest). Only
-a `tag` by hand (which clears the pin) or a new digest that wins the nightly's gate against
-the artifact rolled back to moves it; a build never does, and the digest it left never
-comes back by itself."""
+(`registry.sql.alias_records.pinned_by_rollback`, read from that history, so `reindex`
+restores it with the rest). Only a `tag` by hand (which clears the pin) or a new digest
+that wins the nightly's gate against the artifact rolled back to moves it; a build never
+does, and the digest it left never comes back by itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from registry.errors import RecordNotFoundError, UsageError, did_you_mean
 from registry.identity.refs import check_alias_name, unknown_alias
-from registry.sql import alias_records, history, records
+from registry.ops import history
+from registry.sql import alias_records, records
+from registry.sql.alias_records import pinned_by_rollback
 from registry.sql.refs import alias_names, resolve_ref
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from registry.context import Context
-
-
-@dataclass(frozen=True, slots=True)
-class Pin:
-    """An alias held where a rollback put it: *to_digest*, away from *from_digest*."""
-
-    alias: str
-    from_digest: str
-    to_digest: str
-    at: datetime
-    note: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"alias": self.alias, "from": self.from_digest, "to": self.to_digest,
-                "at": self.at.isoformat(), "note": self.note}
-
-    def describe(self) -> str:
-        """`pinned by a rollback at 2026-12-02T… from sha256:…: TTFT regression`"""
-        return (f"pinned by a rollback at {self.at.isoformat(timespec='seconds')} from "
-                f"{self.from_digest[:19]}…" + (f": {self.note}" if self.note else ""))
-
-
-def pinned_by_rollback(session: Session, alias: str) -> Pin | None:
-    """The rollback that pins *alias* (module doc): its last move, when that move was a
-    `rollback` and the alias still points where it put it; None otherwise."""
-    moves = alias_records.alias_history(session, alias)
-    last = moves[-1] if moves else None
-    if last is None or last.digest is None or not (last.details or {}).get("rollback"):
-        return None
-    left = (last.details or {}).get("from") or last.previous_digest
-    if not isinstance(left, str) or alias_records.get_alias(session, alias) != last.digest:
-        return None
-    return Pin(alias, left, last.digest, last.at, last.note)
 
 
 def tag(
@@ -73,7 +38,7 @@ def tag(
         record = records.get_artifact(session, digest)
         status = record.status if record is not None else "unknown"
         if status == "superseded":  # proven once: by hand it is live again, as a rollback
-            history.set_status(ctx.store, session, digest, "ready", f"tagged as {alias}")
+            history.set_status_and_record(ctx.store, session, digest, "ready", f"tagged as {alias}")
         elif status != "ready":
             if not allow_unready or status in ("quarantined", "deleted"):
                 raise UsageError(
@@ -84,8 +49,8 @@ def tag(
                 )
             note = f"override: tagged while {status}" + (f"; {note}" if note else "")
         pinned = pinned_by_rollback(session, alias) is not None
-        return digest, history.set_alias(ctx.store, session, alias, digest, note,
-                                         always=pinned)
+        return digest, history.set_alias_and_record(ctx.store, session, alias, digest, note,
+                                                    always=pinned)
 
 
 def untag(ctx: Context, alias: str) -> str:
@@ -94,7 +59,7 @@ def untag(ctx: Context, alias: str) -> str:
     with ctx.registry.session() as session:
         if alias_records.get_alias(session, alias) is None:
             raise unknown_alias("alias", alias, alias_names(session))
-        return history.remove_alias(ctx.store, session, alias)
+        return history.remove_alias_and_record(ctx.store, session, alias)
 
 
 def rollback(ctx: Context, alias: str, note: str | None = None) -> tuple[str, str]:
@@ -120,11 +85,12 @@ def rollback(ctx: Context, alias: str, note: str | None = None) -> tuple[str, st
             raise UsageError(f"alias {alias!r} pointed at {before[:19]}… before, which is "
                              f"{status or 'not registered'}; tag another artifact instead")
         if status == "superseded":
-            history.set_status(ctx.store, session, before, "ready", f"rollback of {alias}")
-        history.set_alias(ctx.store, session, alias, before, note,
-                          details={"rollback": True, "from": current})
+            history.set_status_and_record(ctx.store, session, before, "ready",
+                                          f"rollback of {alias}")
+        history.set_alias_and_record(ctx.store, session, alias, before, note,
+                                     details={"rollback": True, "from": current})
         if not alias_records.aliases_for(session, current) \
                 and records.get_status(session, current) == "ready":
-            history.set_status(ctx.store, session, current, "superseded",
-                               f"rolled back from as {alias}")
+            history.set_status_and_record(ctx.store, session, current, "superseded",
+                                          f"rolled back from as {alias}")
         return before, current

@@ -10,14 +10,14 @@ it is committed, whatever gc does meanwhile.
 Two mechanisms, because each alone has a hole:
 
 - The pending row (blobs, owner, expiry) is committed before the publish asks which blobs
-  the store already has, so a gc that starts later keeps them (gc keeps every blob of a
-  live row). Its expiry (`TTL`, an hour) is renewed by a `registry.sql.heartbeat.Heartbeat`
-  every third of it while the publish runs; a renewal that fails (a database blip) is
-  retried while the row has time left. A publisher killed mid-way leaves a row that
-  expires, and then its blobs are fair game. A row that is lost while the publish runs
-  (gc or someone removed it, or no renewal got through in time) is recorded in `lost`: gc
-  may have taken its blobs, and the publish checks them all again before it registers
-  (`registry.ops.publish`).
+  the store already has, so a gc that starts later keeps them (gc keeps every blob of a live
+  row; `registry.sql.pending_publishes`). Its expiry (`TTL`, an hour) is renewed by a
+  `registry.sql.heartbeat.Heartbeat` every third of it while the publish runs; a renewal
+  that fails (a database blip) is retried while the row has time left. A publisher killed
+  mid-way leaves a row that expires, and then its blobs are fair game. A row that is lost
+  while the publish runs (gc or someone removed it, or no renewal got through in time) is
+  recorded in `lost`: gc may have taken its blobs, and the publish checks them all again
+  before it registers (`registry.ops.publish`).
 - A gc that had already listed the pending rows when the publish began, and found an old
   blob unreferenced, may still delete it after the publish saw it present. So the last
   step runs under the registry's gc lock, shared (`registry.sql.gclock`; gc holds it
@@ -35,58 +35,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
-
-from sqlalchemy import delete, insert, select, update
+from typing import TYPE_CHECKING
 
 from registry.identity.digest import Digest
 from registry.progress import NoProgress, Progress
 from registry.sql.heartbeat import Heartbeat
-from registry.sql.models import PendingPublish, utcnow
+from registry.sql.pending_publishes import TTL, add_pending, drop_pending, renew_pending
 from registry.workers import WORKERS, Workers
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from registry.context import Context
-
-TTL: Final = timedelta(hours=1)
-"""How long a pending row protects its blobs without being renewed (`Pending.begin` takes
-another, for tests); its heartbeat renews it every third of that."""
-
-
-def add_pending(session: Session, pending_id: str, *, owner: str, blobs: list[str],
-                now: datetime | None = None, ttl: timedelta = TTL) -> None:
-    now = now or utcnow()
-    session.execute(insert(PendingPublish).values(
-        id=pending_id, owner=owner, started_at=now, expires_at=now + ttl, blobs=blobs))
-
-
-def renew_pending(session: Session, pending_id: str, *, now: datetime | None = None,
-                  ttl: timedelta = TTL) -> bool:
-    result = session.execute(
-        update(PendingPublish).where(PendingPublish.id == pending_id)
-        .values(expires_at=(now or utcnow()) + ttl).returning(PendingPublish.id))
-    return result.first() is not None
-
-
-def drop_pending(session: Session, pending_id: str) -> None:
-    session.execute(delete(PendingPublish).where(PendingPublish.id == pending_id))
-
-
-def live_pending_blobs(session: Session, now: datetime) -> set[Digest]:
-    """The blobs of every pending publish that has not expired at *now*: gc keeps them."""
-    rows = session.scalars(select(PendingPublish.blobs).where(PendingPublish.expires_at > now))
-    return {Digest.parse(blob) for blobs in rows for blob in blobs}
-
-
-def drop_expired(session: Session, now: datetime) -> int:
-    """Remove the rows of publishes that died (expired at *now*); how many."""
-    result = session.execute(delete(PendingPublish).where(PendingPublish.expires_at <= now)
-                             .returning(PendingPublish.id))
-    return len(result.all())
 
 
 class Pending:
