@@ -15,10 +15,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from registry.config import masked_url
+from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import NoRegistryError
 from registry.sql.lookup import HEAD, json_column, open_reader
-from registry.sql.transient import REGISTRY_RETRY_DEFAULT_S
 
 COLUMNS: Final = (
     "digest", "kind", "model", "size", "file_count", "status", "key", "runtime", "gpu", "sm",
