@@ -24,8 +24,10 @@ off these paths is checked by tests/unit/test_command_imports.py (by import, nev
 A peer that cannot be found or installed (bench/_support.py, bench/setup.sh) is left out
 with a note.
 
-Run: `.venv/bin/python bench/command_cost.py [--rounds N]` from the repository root (≈1
-minute at 9 rounds; `--quick`: one round, no peers, to check it runs).
+Run: `.venv/bin/python bench/command_cost.py [--rounds N] [--checkout DIR]` from the
+repository root (≈1 minute at 9 rounds on a quiet machine; `--checkout DIR` adds our commands
+run from the code in DIR, e.g. an export of an earlier commit: the numbers before a change;
+`--quick`: one round, no peers, to check it runs).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ from _support import (
 )
 
 TARGET_S = 0.3
+ENTRY = ("import sys\nsys.path.insert(0, sys.argv.pop(1))\nsys.argv[0] = 'enginectl'\n"
+         "from pipeline.cli import entry\nentry()\n")
+"""The console script, with the code of another checkout first on the path."""
 OURS = ("ls", "show", "resolve", "info", "import", "fetch", "pull", "plan")
 RECIPE = ROOT / "recipes" / "llama70b-h100.yaml"
 
@@ -83,9 +88,10 @@ def enginectl(env: dict[str, str], *args: str) -> str:
                           check=True).stdout
 
 
-def cases(tmp: Path, env: dict[str, str], *,
-          quick: bool) -> dict[str, Callable[[int], Sample]]:
-    """Each command as a function of the round (which names its fresh directories)."""
+def cases(tmp: Path, env: dict[str, str], *, quick: bool,
+          checkout: Path | None = None) -> dict[str, Callable[[int], Sample]]:
+    """Each command as a function of the round (which names its fresh directories); with
+    *checkout*, each of ours again as the code in that folder runs it (`NAME @checkout`)."""
     digest = json.loads(enginectl(env, "import", str(tiny_dir(tmp / "first", "first")),
                                   "--kind", "vllm", "--model", "bench", "--ready",
                                   "--json"))["digest"]
@@ -93,25 +99,37 @@ def cases(tmp: Path, env: dict[str, str], *,
     enginectl(env, "fetch", digest, "-o", str(tmp / "out" / "fetch-warm"))
     enginectl(env, "pull", digest, "-o", str(tmp / "out" / "pull-warm"), *pull)
 
-    def command(*args: str | Callable[[int], str]) -> Callable[[int], Sample]:
-        return lambda i: run_measured(
-            [ENGINECTL, *(a(i) if callable(a) else a for a in args)], env)
+    def ours(start: list[str], tag: str) -> dict[str, Callable[[int], Sample]]:
+        def command(*args: str | Callable[[int], str]) -> Callable[[int], Sample]:
+            return lambda i: run_measured(
+                [*start, *(a(i) if callable(a) else a for a in args)], env)
 
-    found: dict[str, Callable[[int], Sample]] = {
-        "--help": command("--help"),
-        "ls": command("ls"),
-        "show": command("show", digest),
-        "resolve": command("resolve", "--model", "bench", "--gpu", "cpu", "--allow-unproven"),
-        "info": command("info"),
-        "import": command("-q", "import", lambda i: str(tiny_dir(tmp / "in" / str(i), str(i))),
-                          "--kind", "vllm", "--model", "bench"),
-        # fetched copies are kept: deleting one changes its cache entries' ctime, and the
-        # next fetch would hash them again (bench/cache_hit.py)
-        "fetch": command("-q", "fetch", digest, "-o", lambda i: str(tmp / "out" / f"f{i}")),
-        "pull": command("-q", "pull", digest, "-o", lambda i: str(tmp / "out" / f"p{i}"),
-                        *pull),
-        "plan": command("plan", str(RECIPE)),
-    }
+        def fresh(kind: str) -> Callable[[int], str]:
+            return lambda i: str(tmp / kind / f"{tag}{i}")
+
+        def new_dir(i: int) -> str:
+            return str(tiny_dir(tmp / "in" / f"{tag}{i}", f"{tag}{i}"))
+
+        return {
+            "--help": command("--help"),
+            "ls": command("ls"),
+            "show": command("show", digest),
+            "resolve": command("resolve", "--model", "bench", "--gpu", "cpu",
+                               "--allow-unproven"),
+            "info": command("info"),
+            "import": command("-q", "import", new_dir, "--kind", "vllm", "--model", "bench"),
+            # fetched copies are kept: deleting one changes its cache entries' ctime, and
+            # the next fetch would hash them again (bench/cache_hit.py)
+            "fetch": command("-q", "fetch", digest, "-o", fresh("fetched")),
+            "pull": command("-q", "pull", digest, "-o", fresh("pulled"), *pull),
+            "plan": command("plan", str(RECIPE)),
+        }
+
+    found = ours([ENGINECTL], "")
+    if checkout is not None:
+        start = [sys.executable, "-c", ENTRY, str(checkout)]
+        found |= {f"{name} @{checkout.name}": case
+                  for name, case in ours(start, checkout.name).items() if name in OURS}
     peers = {"s5cmd version": (s5cmd_bin, "version"), "dvc --version": (dvc_bin, "--version"),
              "aws --version": (aws_bin, "--version")}
     for name, (find, flag) in peers.items():
@@ -127,6 +145,8 @@ def cases(tmp: Path, env: dict[str, str], *,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--checkout", type=Path,
+                        help="also time our commands with the code of this checkout")
     add_quick(parser)
     args = parser.parse_args()
     if quick_mode(args.quick):
@@ -134,7 +154,7 @@ def main() -> None:
     print(f"machine: {machine()}")
     with scratch("enginectl-command-cost-") as tmp:
         env = environment(tmp)
-        measured = cases(tmp, env, quick=args.quick)
+        measured = cases(tmp, env, quick=args.quick, checkout=args.checkout)
         samples: dict[str, list[tuple[Sample, str]]] = {name: [] for name in measured}
         for i in range(args.rounds):
             for name, case in measured.items():
@@ -143,14 +163,14 @@ def main() -> None:
             log(f"round {i + 1}/{args.rounds} (load {loadavg()})")
     print(f"\nmedian of {args.rounds} interleaved rounds, wall clock of the whole process; "
           f"load average at the end {loadavg()}\n")
-    print(f"{'command':<16} {'median s':>8} {'CPU s':>6}  {'target':<8} runs (s) [1-min load]")
+    print(f"{'command':<24} {'median s':>8} {'CPU s':>6}  {'target':<8} runs (s) [1-min load]")
     for name, values in samples.items():
         wall = median([s.seconds for s, _ in values])
         cpu = median([s.cpu for s, _ in values])
-        ours = name in OURS
+        ours = name.split(" @")[0] in OURS
         verdict = ("meets" if wall < TARGET_S else "MISSES") if ours else ""
         shown = ", ".join(f"{s.seconds:.2f} [{load.split()[0]}]" for s, load in values)
-        print(f"{name:<16} {wall:8.3f} {cpu:6.2f}  {verdict:<8} {shown}")
+        print(f"{name:<24} {wall:8.3f} {cpu:6.2f}  {verdict:<8} {shown}")
 
 
 if __name__ == "__main__":
