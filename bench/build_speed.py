@@ -3,7 +3,7 @@ build of the 70B recipe, and a no-op build against `dvc repro`'s no-op on an equ
 
 Targets: orchestration overhead per stage under 50 ms beyond the tool's own time; a fully
 cached `build` of recipes/llama70b-h100.yaml (every key a hit) under 1 s wall; a no-op
-build of a 9-stage recipe at most 0.5x the wall time of `dvc repro`'s no-op on the same DAG.
+build of a 9-stage recipe at most 0.3x the wall time of `dvc repro`'s no-op on the same DAG.
 
 1. A recipe of 12 engines (3 shapes x 2 tp x 2 quant-free dtypes) on the file store and
    SQLite, built with tests/fakes' stand-ins for convert_checkpoint.py and trtllm-build, which
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 ENGINECTL = str(Path(sys.executable).parent / "enginectl")
 FAKES = ROOT / "tests" / "fakes"
+NOOP_TARGET = 0.3  # x dvc repro's no-op, same machine, same run
 
 
 def overhead(tmp: Path, *, quick: bool = False) -> None:
@@ -255,9 +256,9 @@ def noop_vs_dvc(tmp: Path, rounds: int, checkout: Path | None) -> None:  # noqa:
         shown = ", ".join(f"{v[0]:.2f} [{v[2].split()[0]}]" for v in values)
         print(f"{name:<40} {wall:8.3f} {wall / dvc_wall:6.2f} {cpu:6.2f}  {shown}")
     ours = statistics.median(v[0] for v in samples["enginectl build (no-op)"])
-    verdict = "meets" if ours / dvc_wall <= 0.5 else "MISSES"
-    print(f"enginectl's no-op takes {ours / dvc_wall:.2f}x dvc repro's: {verdict} the <= 0.5x "
-          "target")
+    verdict = "meets" if ours / dvc_wall <= NOOP_TARGET else "MISSES"
+    print(f"enginectl's no-op takes {ours / dvc_wall:.2f}x dvc repro's: {verdict} the "
+          f"<= {NOOP_TARGET}x target")
 
 
 def dvc_version(dvc: Path) -> str:
