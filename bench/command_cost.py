@@ -79,7 +79,10 @@ def environment(tmp: Path) -> dict[str, str]:
            and k != "PYTHONDONTWRITEBYTECODE"}  # an installed enginectl has its .pyc
     (tmp / "user").mkdir()
     env.update(HOME=str(tmp / "user"), ENGINECTL_HOME=str(tmp / "home"),
-               ENGINECTL_CACHE_DIR=str(tmp / "cache"), HF_HUB_OFFLINE="1")
+               ENGINECTL_CACHE_DIR=str(tmp / "cache"), HF_HUB_OFFLINE="1",
+               # `info` probes vLLM's Python: this one (without vllm), not whatever
+               # `python3` on PATH is (a pyenv shim is a shell script, and slow)
+               ENGINECTL_VLLM_PYTHON=sys.executable)
     return env
 
 

@@ -14,6 +14,7 @@ is work, or a dry run finds a registry to migrate. A build on a Ray cluster is
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 from pipeline.executors.result import BuildResult, raise_if_interrupted
@@ -66,9 +67,14 @@ def build_recipe(
                                           ctx=ctx, loaded=loaded, promote=promote,
                                           record_probes=record_probes is not False)
         return built
-    loaded = loaded or read_recipe(recipe)
     settings = Settings.from_env()
-    found = probe(settings)
+    probing = _Probing(settings)  # it waits on nvidia-smi and vLLM's Python meanwhile
+    try:
+        loaded = loaded or read_recipe(recipe)
+    except BaseException:
+        probing.join()  # no probe left running; the recipe's error is the one said
+        raise
+    found = probing.result()
     plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
     keys = selected_keys(plan, only)
     if not keys:
@@ -89,6 +95,33 @@ def build_recipe(
                       live=live, promote=promote, record_probes=record_probes)
     finally:
         ctx.close()
+
+
+class _Probing:
+    """This machine's probe (`probe`), asked in a thread of its own from the start: most of
+    it is waiting on other programs, which overlaps with reading the recipe."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._answer: list[Probe | BaseException] = []
+        self._thread = threading.Thread(target=self._ask, args=(settings,), name="probe",
+                                        daemon=True)
+        self._thread.start()
+
+    def _ask(self, settings: Settings) -> None:
+        try:
+            self._answer.append(probe(settings))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            self._answer.append(exc)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Probe:
+        self._thread.join()
+        answer = self._answer[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
 
 def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
