@@ -166,6 +166,7 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     from pipeline.errors import BuildCancelledError
     from pipeline.executors.build import build_recipe
     from pipeline.executors.view import dry_run_lines, summary_lines
+    from pipeline.settings import Settings
     from registry.context import Context
 
     ctx = Context()
@@ -173,10 +174,12 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
     try:
-        result = build_recipe(recipe, jobs=jobs, only=only, force=force, keep_going=keep_going,
-                              dry_run=dry_run, keep_work=keep_work, echo=echo,
-                              live=sys.stdout.isatty() and not quiet, ctx=ctx,
-                              run_on=executor, address=address)
+        with ctx:
+            result = build_recipe(recipe, ctx=ctx, settings=Settings.from_env(), jobs=jobs,
+                                  only=only, force=force, keep_going=keep_going,
+                                  dry_run=dry_run, keep_work=keep_work, echo=echo,
+                                  live=sys.stdout.isatty() and not quiet,
+                                  run_on=executor, address=address)
     except BuildCancelledError as exc:
         if as_json and exc.summary is not None:
             echo_json(exc.summary.as_dict())
@@ -271,8 +274,11 @@ def smoke(ref: str, as_json: bool) -> None:
       enginectl smoke llama70b/h100/prod --json
     """
     from pipeline.serving.smoke_here import smoke_artifact
+    from pipeline.settings import Settings
+    from registry.context import Context
 
-    digest, report = smoke_artifact(ref)
+    with Context() as ctx:
+        digest, report = smoke_artifact(ref, ctx=ctx, settings=Settings.from_env())
     if as_json:
         echo_json({"digest": digest, **report.as_dict()})
     else:
@@ -310,8 +316,9 @@ def toolchain(as_json: bool) -> None:
       enginectl toolchain --json
     """
     from pipeline.planning.toolchain import probe
+    from pipeline.settings import Settings
 
-    found = probe()
+    found = probe(Settings.from_env())
     data = {**found.toolchain.as_dict(), "gpu_name": found.gpu_name,
             "gpu_count": found.gpu_count, "note": found.note, "sources": dict(found.sources)}
     if as_json:

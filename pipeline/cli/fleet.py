@@ -27,8 +27,10 @@ def fleet(address: str, as_json: bool) -> None:
     """
     from pipeline.executors.fleet import fleet as read_fleet
     from pipeline.executors.fleet import fleet_lines
+    from registry.context import Context
 
-    info = read_fleet(address)
+    with Context() as ctx:
+        info = read_fleet(address, ctx=ctx)
     if as_json:
         echo_json(info)
     else:

@@ -77,9 +77,13 @@ def nightly(recipes: tuple[Path, ...], executor: str, address: str, jobs: int,
         timeout_s = notify_timeout_s()
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
-    report = run_nightly(recipes, executor=executor, address=address, dry_run=dry_run,
-                         jobs=jobs, echo=echo, note=note,
-                         accept_regression=accept_regression)
+    from pipeline.settings import Settings
+    from registry.context import Context
+
+    with Context() as ctx:
+        report = run_nightly(recipes, ctx=ctx, settings=Settings.from_env(), executor=executor,
+                             address=address, dry_run=dry_run, jobs=jobs, echo=echo,
+                             note=note, accept_regression=accept_regression)
     if notify_url is not None:
         report.notify = notify(report, notify_url, timeout_s=timeout_s)
         if not report.notify["ok"]:

@@ -12,6 +12,7 @@ from registry.errors import UsageError
 from registry.sql.lookup import Found
 
 if TYPE_CHECKING:
+    from pipeline.planning.toolchain import Toolchain
     from registry.context import Context
     from registry.gpus import GpuSpec
     from registry.ops.resolve import Request
@@ -82,12 +83,22 @@ def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
         prefer=prefer, allow_unproven=allow_unproven, ctx=ctx)
 
 
+def installed_toolchain() -> Toolchain:
+    """This deploy node's fingerprint (`pipeline.planning.toolchain.probe`). `pull` and
+    `serve` are a node's top and the documented Python API hands them a Context alone, so
+    the node's Pythons (ENGINECTL_PYTHON, ENGINECTL_VLLM_PYTHON) are read from its own
+    environment here, once per question, as before."""
+    from pipeline.planning.toolchain import probe
+    from pipeline.settings import Settings
+
+    return probe(Settings.from_env()).toolchain
+
+
 def _installed_toolchain() -> dict[str, Any]:
     """The fingerprint fields resolve compares proofs on, as this node reports them."""
-    from pipeline.planning.toolchain import probe
     from registry.sql.evidence import FINGERPRINT_FIELDS
 
-    found = probe().toolchain.as_dict()
+    found = installed_toolchain().as_dict()
     return {name: found[name] for name in FINGERPRINT_FIELDS}
 
 

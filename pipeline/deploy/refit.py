@@ -96,7 +96,7 @@ def refitted_engine(ctx: Context, manifest: Manifest, plan_dir: Path, scratch: P
     the refit cache, else refitted now from its checkpoint, fetched through the fetch cache
     into *scratch* (absent; a fetch never writes inside the cache; removed after). RefitError
     (exit 3, the log's tail) when trtllm-refit fails; nothing is kept then."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.deploy.node import installed_toolchain
     from registry.ops.fetch import cached_manifest, lazy_store
     from registry.ops.fetch_files import fetch_manifest
 
@@ -104,7 +104,7 @@ def refitted_engine(ctx: Context, manifest: Manifest, plan_dir: Path, scratch: P
     if not isinstance(source, str):
         raise ManifestError(f"{manifest.digest} is weight-stripped but names no refit source")
     root = ctx.cache.root / REFITS
-    key = refit_key(str(manifest.digest), source, probe().toolchain.as_dict())
+    key = refit_key(str(manifest.digest), source, installed_toolchain().as_dict())
     place = root / key[:2] / key
     if (place / "config.json").is_file():
         return Refitted(place, source, None)

@@ -202,9 +202,9 @@ def node_key(manifest: Manifest) -> WarmKey | None:
     template = list((manifest.serve or {}).get("argv") or [])
     if not template:
         return None
-    from pipeline.planning.toolchain import probe
+    from pipeline.deploy.node import installed_toolchain
 
-    return warm_key(str(manifest.digest), template, probe().toolchain)
+    return warm_key(str(manifest.digest), template, installed_toolchain())
 
 
 def miss(key: WarmKey, captured: list[tuple[str | None, dict[str, object]]]) -> str:

@@ -17,7 +17,7 @@ import socket
 import threading
 from pathlib import Path
 
-from pipeline.executors.result import BuildResult, raise_if_interrupted
+from pipeline.executors.result import BuildResult, Planned, raise_if_interrupted
 from pipeline.executors.view import describe, shown_walk
 from pipeline.planning.plan import Plan, plan_recipe, selected_keys
 from pipeline.planning.source import read_recipe
@@ -32,6 +32,8 @@ from registry.progress import Echo
 def build_recipe(
     recipe: Path,
     *,
+    ctx: Context,
+    settings: Settings,
     jobs: int = 2,
     only: str | None = None,
     force: bool = False,
@@ -40,14 +42,15 @@ def build_recipe(
     keep_work: bool = False,
     echo: Echo | None = None,
     live: bool | None = None,
-    ctx: Context | None = None,
     run_on: str = "local",
     address: str = "auto",
     loaded: LoadedRecipe | None = None,
     promote: bool = True,
     record_probes: bool | None = None,
+    planned: Planned | None = None,
 ) -> BuildResult:
-    """Build what *recipe* needs that the registry lacks (see the module doc).
+    """Build what *recipe* needs that the registry lacks (see the module doc), in the
+    registry of *ctx* (which its caller made and closes) with *settings*.
 
     *echo* gets one line per finished stage run; *live* (default: stdout is a terminal) shows
     a live table instead. Published outputs leave the work directory once no later run
@@ -58,43 +61,47 @@ def build_recipe(
     with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
     artifact move to the targets' ready artifacts (`pipeline.serving.promote.promote_built`).
     *record_probes* says whether the toolchain probes are recorded (None: unless a local
-    dry run; a Ray dry run records what it probed)."""
+    dry run; a Ray dry run records what it probed). *planned* is what an earlier build of
+    the same recipe (a dry run) probed and planned (`BuildResult.planned`): nothing is
+    probed or planned again."""
     if run_on == "ray":  # a Ray cluster's pools; Ray is imported only there
         from pipeline.executors.ray_build import build_on_ray
 
-        built: BuildResult = build_on_ray(recipe, address=address, only=only, force=force,
-                                          keep_going=keep_going, dry_run=dry_run, echo=echo,
-                                          ctx=ctx, loaded=loaded, promote=promote,
-                                          record_probes=record_probes is not False)
+        built: BuildResult = build_on_ray(recipe, ctx=ctx, settings=settings, address=address,
+                                          only=only, force=force, keep_going=keep_going,
+                                          dry_run=dry_run, echo=echo, loaded=loaded,
+                                          promote=promote,
+                                          record_probes=record_probes is not False,
+                                          planned=planned)
         return built
-    settings = Settings.from_env()
-    probing = _Probing(settings)  # it waits on nvidia-smi and vLLM's Python meanwhile
-    try:
-        loaded = loaded or read_recipe(recipe)
-    except BaseException:
-        probing.join()  # no probe left running; the recipe's error is the one said
-        raise
-    found = probing.result()
-    plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
+    if planned is None or planned.probe is None:
+        probing = _Probing(settings)  # it waits on nvidia-smi and vLLM's Python meanwhile
+        try:
+            loaded = loaded or read_recipe(recipe)
+        except BaseException:
+            probing.join()  # no probe left running; the recipe's error is the one said
+            raise
+        found = probing.result()
+        plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
+    else:
+        found, plan = planned.probe, planned.plan
     keys = selected_keys(plan, only)
     if not keys:
         raise UsageError(f"--only {only!r} matches no target of {recipe}")
-    ctx = ctx or Context()
-    try:
-        if not force:
-            done = _nothing_to_do(plan, keys, ctx, settings, found.toolchain, dry_run=dry_run,
-                                  promote=promote, record_probes=record_probes)
-            if done is not None:
-                ctx.begin(store=False)  # nothing is read from the store, nor written
-                if echo is not None and not dry_run:
-                    for outcome in done.summary.outcomes:
-                        echo(describe(outcome))
-                return done
-        return _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
-                      keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
-                      live=live, promote=promote, record_probes=record_probes)
-    finally:
-        ctx.close()
+    result = None if force else _nothing_to_do(
+        plan, keys, ctx, settings, found.toolchain, dry_run=dry_run, promote=promote,
+        record_probes=record_probes)
+    if result is not None:
+        ctx.begin(store=False)  # nothing is read from the store, nor written
+        if echo is not None and not dry_run:
+            for outcome in result.summary.outcomes:
+                echo(describe(outcome))
+    else:
+        result = _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
+                        keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
+                        live=live, promote=promote, record_probes=record_probes)
+    result.planned = Planned(plan, probe=found)
+    return result
 
 
 class _Probing:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.executors.groups import group_lines, groups_of
 from pipeline.executors.pools import CPU_POOL, fleet_of, nodes_from_ray, resource
 from pipeline.planning.toolchain import from_dict
 from registry.config import masked_url
-from registry.context import Context
 from registry.errors import UsageError
+
+if TYPE_CHECKING:
+    from registry.context import Context
 
 
 def require_ray() -> None:
@@ -30,7 +32,7 @@ def require_ray() -> None:
                          f"Ray and Python as the cluster's nodes) ({exc})") from exc
 
 
-def fleet(address: str, *, ctx: Context | None = None) -> dict[str, Any]:
+def fleet(address: str, *, ctx: Context) -> dict[str, Any]:
     """The cluster at *address*: per pool its nodes, GPUs total and free, the last probed
     toolchain and when, and the groups of nodes that last probing found (several when the
     nodes differ, e.g. mid driver upgrade); the CPU nodes; the Ray, Python and enginectl
@@ -41,7 +43,6 @@ def fleet(address: str, *, ctx: Context | None = None) -> dict[str, Any]:
     require_ray()
     from pipeline.executors.ray_cluster import connect, disconnect, free_resources, live_nodes
 
-    ctx = ctx or Context()
     connect(address, ctx.config)
     try:
         nodes = nodes_from_ray(live_nodes())

@@ -46,7 +46,7 @@ from pipeline.executors.pools import (
     oversized_error,
     oversized_note,
 )
-from pipeline.executors.result import BuildResult, raise_if_interrupted
+from pipeline.executors.result import BuildResult, Planned, RayPlanned, raise_if_interrupted
 from pipeline.executors.stage import lookup
 from pipeline.executors.view import NodeView, on_node, shown_walk
 from pipeline.planning.plan import Plan, plan_recipe
@@ -138,70 +138,62 @@ def _first_group(probes: Mapping[str, list[NodeProbe]],
     return found
 
 
-def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: bool = False,
-                 keep_going: bool = False, dry_run: bool = False, echo: Echo | None = None,
-                 ctx: Context | None = None, loaded: LoadedRecipe | None = None,
-                 promote: bool = True, record_probes: bool = True) -> BuildResult:
+def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, address: str,
+                 only: str | None = None, force: bool = False, keep_going: bool = False,
+                 dry_run: bool = False, echo: Echo | None = None,
+                 loaded: LoadedRecipe | None = None, promote: bool = True,
+                 record_probes: bool = True, planned: Planned | None = None) -> BuildResult:
     """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
-    plan's stage runs as Ray tasks (*loaded* and *promote* as `build_recipe` takes them)."""
+    plan's stage runs as Ray tasks (*loaded*, *promote* and *planned* as `build_recipe`
+    takes them: with *planned*, nothing is probed, recorded or planned again)."""
     from pipeline.executors.local import owner_id
     from pipeline.serving.promote import promote_built
 
-    loaded = loaded or read_recipe(recipe)
-    settings = Settings.from_env()
+    given = None if planned is None else planned.on_ray
+    if given is None:
+        loaded = loaded or read_recipe(recipe)
     require_ray()  # after the recipe: a bad recipe is said first, with or without Ray
-    from pipeline.executors.ray import backend, probe_pools
-    from pipeline.executors.ray_cluster import connect, disconnect, live_nodes
+    from pipeline.executors.ray import backend
+    from pipeline.executors.ray_cluster import connect, disconnect
 
-    ctx = ctx or Context()
     connect(address, ctx.config)
     try:
-        found = fleet_of(nodes_from_ray(live_nodes()))
-        draft = plan_recipe(loaded, settings)  # which SKUs: keys do not matter yet
-        skipped, note = preflight(draft, found, keep_going=keep_going,
-                                  registry_url=ctx.config.registry_url)
-        if note is not None:
-            print(f"enginectl: note: {note}", file=sys.stderr)
-        wanted = {t.target.gpu.sku for t in draft.targets if t.target.id not in skipped}
-        pools = {sku: found.pools[sku].nodes for sku in sorted(wanted) if sku in found.pools}
-        if any(t.target.gpu.is_cpu for t in draft.targets):
-            pools[CPU_POOL] = found.cpu.nodes
-        probes = probe_pools(pools, timeout_s=PROBE_TIMEOUT_S)
-        default, keyed, notes = pool_toolchains(loaded, probes)
-        for line in notes:
-            print(f"enginectl: note: {line}", file=sys.stderr)
-        grouped = plan_groups(loaded, settings, default, keyed)
-        plan = grouped.plan
-        keys = {key for planned in plan.targets if planned.target.id not in skipped
-                and (only is None or fnmatch.fnmatch(planned.target.id, only))
-                for key in planned.chain}
+        on_ray = given or _plan_on_ray(loaded or read_recipe(recipe), ctx, settings,
+                                       keep_going=keep_going)
+        plan = on_ray.grouped.plan
+        keys = {key for planned_target in plan.targets
+                if planned_target.target.id not in on_ray.skipped
+                and (only is None or fnmatch.fnmatch(planned_target.target.id, only))
+                for key in planned_target.chain}
         if not keys:
             raise UsageError(f"--only {only!r} matches no target of {recipe} that the "
                              "cluster can build")
         hits = {} if force else lookup(ctx, keys)
         ctx.begin(registry=True)
-        result = BuildResult(plan, set(hits), probes=_first_group(probes, keyed))
+        result = BuildResult(plan, set(hits), probes=dict(on_ray.reported),
+                             planned=Planned(plan, on_ray=on_ray))
         probed_at = utcnow()  # one time per probing: `plan` reads a pool's groups by it
         with ctx.registry.session() as session:
-            for pool, found_here in probes.items() if record_probes else ():
+            for pool, found_here in on_ray.probes.items() if record_probes and not given else ():
                 for probe in found_here:
                     build_inputs.record_toolchain(session, pool, probe.toolchain.gpu,
                                                   probe.toolchain.as_dict(), probe.node.host,
                                                   node_id=probe.node.node_id, probed_at=probed_at)
         if dry_run:
             return result
+        loaded = plan.loaded
         with ctx.registry.session() as session:
             build_inputs.record_recipe(session, loaded.digest, loaded.recipe.display_name,
                                        loaded.text)
             build_inputs.touch_recipe(session, loaded.digest, loaded.path)
-        cpu_nodes = [n.node_id for n in found.cpu.nodes] if found.cpu_only else []
+        grouped = on_ray.grouped
         with backend(plan, ctx, owner=owner_id(), force=force,
                      probed={pool: frozenset(p.node.node_id for p in ps)
-                             for pool, ps in probes.items()},
+                             for pool, ps in on_ray.probes.items()},
                      toolchains=grouped.toolchains, nodes=grouped.nodes,
-                     cpu_nodes=cpu_nodes, grace_s=GRACE_S,
-                     max_retries=MAX_RETRIES) as on_ray:
-            result.summary = shown_walk(plan, ctx, keys, on_ray, hits=hits,
+                     cpu_nodes=list(on_ray.cpu_nodes), grace_s=GRACE_S,
+                     max_retries=MAX_RETRIES) as on_cluster:
+            result.summary = shown_walk(plan, ctx, keys, on_cluster, hits=hits,
                                         keep_going=keep_going, echo=echo, live=None,
                                         view=NodeView, line=on_node)
         raise_if_interrupted(recipe, result.summary)
@@ -210,5 +202,30 @@ def build_on_ray(recipe: Path, *, address: str, only: str | None = None, force: 
         return result
     finally:
         disconnect()
-        ctx.close()
 
+
+def _plan_on_ray(loaded: LoadedRecipe, ctx: Context, settings: Settings, *,
+                 keep_going: bool) -> RayPlanned:
+    """Preflight against the cluster's live nodes, probe the pools the recipe needs and plan
+    it per group of nodes (the module doc); its notes are said on stderr."""
+    from pipeline.executors.ray import probe_pools
+    from pipeline.executors.ray_cluster import live_nodes
+
+    found = fleet_of(nodes_from_ray(live_nodes()))
+    draft = plan_recipe(loaded, settings)  # which SKUs: keys do not matter yet
+    skipped, note = preflight(draft, found, keep_going=keep_going,
+                              registry_url=ctx.config.registry_url)
+    if note is not None:
+        print(f"enginectl: note: {note}", file=sys.stderr)
+    wanted = {t.target.gpu.sku for t in draft.targets if t.target.id not in skipped}
+    pools = {sku: found.pools[sku].nodes for sku in sorted(wanted) if sku in found.pools}
+    if any(t.target.gpu.is_cpu for t in draft.targets):
+        pools[CPU_POOL] = found.cpu.nodes
+    probes = probe_pools(pools, timeout_s=PROBE_TIMEOUT_S)
+    default, keyed, notes = pool_toolchains(loaded, probes)
+    for line in notes:
+        print(f"enginectl: note: {line}", file=sys.stderr)
+    grouped = plan_groups(loaded, settings, default, keyed)
+    cpu_nodes = tuple(n.node_id for n in found.cpu.nodes) if found.cpu_only else ()
+    return RayPlanned(grouped, probes, _first_group(probes, keyed), frozenset(skipped),
+                      cpu_nodes)

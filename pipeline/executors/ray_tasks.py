@@ -61,7 +61,8 @@ def probe_node() -> dict[str, Any]:
     """The toolchain probe on this node (what `enginectl toolchain --json` prints here)."""
     from pipeline.planning.toolchain import probe
 
-    found = probe(Settings.from_env())  # this node's own Pythons, nvidia-smi and image digest
+    # a Ray task is its node's top: this node's own Pythons, nvidia-smi and image digest
+    found = probe(Settings.from_env())
     return {**_node(), "toolchain": found.toolchain.as_dict(), "gpu_name": found.gpu_name,
             "gpu_count": found.gpu_count, "note": found.note, "sources": dict(found.sources)}
 
@@ -102,6 +103,8 @@ def _plan_for(spec: TaskSpec, settings: Settings) -> Plan:
 
 
 def _context() -> Context:
+    """This worker's Context. A Ray task's entry point is its node's top: the driver's
+    Context and Settings do not travel, so the node makes its own from its environment."""
     config = RegistryConfig.from_env()
     with _cache_lock:  # one registry engine per worker process, reused by its tasks
         if config not in _contexts:
@@ -186,7 +189,7 @@ def _run_stage(spec: TaskSpec) -> Outcome:
 
     started = time.monotonic()
     node = _node()
-    settings = Settings.from_env()
+    settings = Settings.from_env()  # a Ray task is its node's top: this node's own settings
     plan = _plan_for(spec, settings)
     run = plan.stages.get(spec.key)
     if run is None:

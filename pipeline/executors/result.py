@@ -3,6 +3,7 @@ stopped (`raise_if_interrupted`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,8 +13,33 @@ from pipeline.planning.keys import short_key
 from pipeline.planning.outcome import BuildSummary
 
 if TYPE_CHECKING:
+    from pipeline.executors.groups import GroupedPlan, NodeProbe
     from pipeline.planning.plan import Plan
+    from pipeline.planning.toolchain import Probe
     from pipeline.serving.promote import Promotion
+
+
+@dataclass(frozen=True)
+class RayPlanned:
+    """How a build on Ray planned: each pool's node probes, the plan per group of nodes, the
+    targets preflight skipped and the CPU nodes a CPU-only cluster runs on."""
+
+    grouped: GroupedPlan
+    probes: Mapping[str, list[NodeProbe]]
+    reported: Mapping[str, Any]  # each pool's probe as the build reports it
+    skipped: frozenset[str]
+    cpu_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a build probed and how it planned the recipe. Handed to a later build of the
+    same recipe (`build_recipe(..., planned=...)`), that build neither probes nor plans
+    again: the nightly's dry run decides what to build, then its build runs that plan."""
+
+    plan: Plan
+    probe: Probe | None = None  # the local executor's probe of this machine
+    on_ray: RayPlanned | None = None  # the Ray executor's
 
 
 @dataclass
@@ -26,6 +52,8 @@ class BuildResult:
     promotions: list[Promotion] = field(default_factory=list)
     """The recipe's `promote` aliases this build moved
     (`pipeline.serving.promote.promote_built`)."""
+    planned: Planned | None = None
+    """How it probed and planned, for a later build of the same recipe."""
 
 
 def raise_if_interrupted(recipe: Path, summary: BuildSummary) -> None:

@@ -350,6 +350,7 @@ class StageWorker:
                 inputs={key: self._input_dir(key, digests) for key in run.inputs},
                 input_digests=tuple(digests[key] for key in run.inputs),
                 log_path=self._log(run), store=self.ctx.store,
+                s3_endpoint_url=self.ctx.config.s3_endpoint_url,
             )
             result = produce_output(job)
         guard.check()  # its tool may have ended before the loss stopped it: publish nothing

@@ -49,6 +49,7 @@ class StageJob:
     input_digests: tuple[str, ...]
     log_path: Path
     store: Store | None = None  # an engine build's TensorRT timing cache is kept there
+    s3_endpoint_url: str | None = None  # an s3:// model source's endpoint (the registry's)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ def produce_output(job: StageJob) -> StageResult:
     loaded = job.plan.loaded
     if run.stage == "snapshot":
         directory = snapshot(loaded, job.plan.source.revision,
-                             _fresh(out) if not loaded.recipe.model.is_local else out, run.key)
+                             _fresh(out) if not loaded.recipe.model.is_local else out, run.key,
+                             s3_endpoint_url=job.s3_endpoint_url)
         return StageResult(directory, _labels(job))
     (source,) = (job.inputs[key] for key in run.inputs)
     if run.stage in ("quantize", "convert"):

@@ -140,71 +140,68 @@ def _outcomes(summary: BuildSummary | None) -> dict[str, Outcome]:
     return {} if summary is None else {o.key: o for o in summary.outcomes}
 
 
-def nightly(arguments: Sequence[Path] = (), *, executor: str = "local", address: str = "auto",
-            dry_run: bool = False, jobs: int = 2, echo: Echo | None = None,
-            note: Echo | None = None, accept_regression: bool = False) -> NightlyReport:
+def nightly(arguments: Sequence[Path] = (), *, ctx: Context, settings: Settings,
+            executor: str = "local", address: str = "auto", dry_run: bool = False,
+            jobs: int = 2, echo: Echo | None = None, note: Echo | None = None,
+            accept_regression: bool = False) -> NightlyReport:
     """One nightly over the recipes *arguments* names (files or directories; none: every
-    recipe the registry has recorded); see the module doc. *echo* gets one line per
-    finished stage run, *note* the progress lines (stderr). *accept_regression* lets the
-    aliases of a pool whose toolchain regressed move (`settle`)."""
+    recipe the registry of *ctx* has recorded), in that registry and store, with
+    *settings*; see the module doc. The caller made *ctx* and closes it. *echo* gets one
+    line per finished stage run, *note* the progress lines (stderr). *accept_regression*
+    lets the aliases of a pool whose toolchain regressed move (`settle`)."""
     say = note or (lambda _line: None)
-    settings = Settings.from_env()
-    ctx = Context()
     ctx.begin(registry=True)
+    loaded: list[LoadedRecipe | RecipeReport] = (
+        [read_recipe(path) for path in recipe_paths(arguments)] if arguments
+        else recorded(ctx))
+    if not loaded:
+        raise UsageError("no recipe to requalify: name RECIPE files or directories, or "
+                         "build one first (`enginectl build RECIPE` records it)")
+    if executor == "ray":  # a cluster that is not there: said now, nothing recorded
+        _check_cluster(address)
+    report = NightlyReport(started_at=utcnow(), executor=executor, dry_run=dry_run,
+                           accept_regression=accept_regression)
+    keeper = None if dry_run else LeaseKeeper(ctx, settings, say).acquire(report)
+    failed = True
+    run_id: int | None = None
     try:
-        loaded: list[LoadedRecipe | RecipeReport] = (
-            [read_recipe(path) for path in recipe_paths(arguments)] if arguments
-            else recorded(ctx))
-        if not loaded:
-            raise UsageError("no recipe to requalify: name RECIPE files or directories, or "
-                             "build one first (`enginectl build RECIPE` records it)")
-        if executor == "ray":  # a cluster that is not there: said now, nothing recorded
-            _check_cluster(address)
-        report = NightlyReport(started_at=utcnow(), executor=executor, dry_run=dry_run,
-                               accept_regression=accept_regression)
-        keeper = None if dry_run else LeaseKeeper(ctx, settings, say).acquire(report)
-        failed = True
-        run_id: int | None = None
-        try:
-            with ctx.registry.session() as session:
-                last = nightly_runs.last_finished(session)
-                base = nightly_runs.baseline(session)
-                run_id = None if dry_run else nightly_runs.start(
-                    session, owner=keeper.owner if keeper else "", host=socket.gethostname())
-            report.since = last.started_at if last else None
-            run = _Run(ctx, settings, base.probes, base.at or report.started_at,
-                       executor=executor, address=address, dry_run=dry_run, jobs=jobs,
-                       echo=echo)
-            pools: set[str] = set()
-            for recipe in loaded:
-                if isinstance(recipe, RecipeReport):
-                    report.recipes.append(recipe)
-                    continue
-                _check(keeper)
-                say(f"nightly: {recipe.recipe.display_name} ({recipe.path})")
-                done, recipe_pools = _requalify(recipe, run)
-                report.recipes.append(done)
-                pools |= recipe_pools
+        with ctx.registry.session() as session:
+            last = nightly_runs.last_finished(session)
+            base = nightly_runs.baseline(session)
+            run_id = None if dry_run else nightly_runs.start(
+                session, owner=keeper.owner if keeper else "", host=socket.gethostname())
+        report.since = last.started_at if last else None
+        run = _Run(ctx, settings, base.probes, base.at or report.started_at,
+                   executor=executor, address=address, dry_run=dry_run, jobs=jobs,
+                   echo=echo)
+        pools: set[str] = set()
+        for recipe in loaded:
+            if isinstance(recipe, RecipeReport):
+                report.recipes.append(recipe)
+                continue
             _check(keeper)
-            settle(ctx, run.pending, report.targets, accept_regression=accept_regression)
-            report.pools = _pool_reports(sorted(pools), run.before, run.probed_now)
-            report.finished_at = utcnow()
-            failed = False
-            if run_id is not None:
-                from pipeline.nightly.report import as_json
+            say(f"nightly: {recipe.recipe.display_name} ({recipe.path})")
+            done, recipe_pools = _requalify(recipe, run)
+            report.recipes.append(done)
+            pools |= recipe_pools
+        _check(keeper)
+        settle(ctx, run.pending, report.targets, accept_regression=accept_regression)
+        report.pools = _pool_reports(sorted(pools), run.before, run.probed_now)
+        report.finished_at = utcnow()
+        failed = False
+        if run_id is not None:
+            from pipeline.nightly.report import as_json
 
-                with ctx.registry.session() as session:
-                    nightly_runs.finish(session, run_id, status="finished",
-                                        exit_code=report.exit_code, report=as_json(report))
-        except BaseException as exc:
-            _record_broken(ctx, run_id, keeper, exc)  # raises why, when the lease was lost
-            raise
-        finally:
-            if keeper is not None:
-                keeper.release(failed)
-        return report
+            with ctx.registry.session() as session:
+                nightly_runs.finish(session, run_id, status="finished",
+                                    exit_code=report.exit_code, report=as_json(report))
+    except BaseException as exc:
+        _record_broken(ctx, run_id, keeper, exc)  # raises why, when the lease was lost
+        raise
     finally:
-        ctx.close()
+        if keeper is not None:
+            keeper.release(failed)
+    return report
 
 
 def _check_cluster(address: str) -> None:
@@ -277,9 +274,9 @@ def _requalify(loaded: LoadedRecipe, run: _Run) -> tuple[RecipeReport, set[str]]
     done = RecipeReport(loaded.recipe.display_name, str(loaded.path), loaded.digest)
     ctx, executor = run.ctx, run.executor
     try:
-        probed = build_recipe(loaded.path, dry_run=True, ctx=Context(), run_on=executor,
-                              address=run.address, loaded=loaded, promote=False,
-                              record_probes=not run.dry_run)
+        probed = build_recipe(loaded.path, ctx=ctx, settings=run.settings, dry_run=True,
+                              run_on=executor, address=run.address, loaded=loaded,
+                              promote=False, record_probes=not run.dry_run)
     except FleetError:
         raise  # the cluster's fault, not the recipe's: the nightly stops (exit 2)
     except EnginectlError as exc:
@@ -303,9 +300,10 @@ def _requalify(loaded: LoadedRecipe, run: _Run) -> tuple[RecipeReport, set[str]]
     summary: BuildSummary | None = None
     if not run.dry_run and runnable:
         try:
-            built = build_recipe(loaded.path, jobs=run.jobs, keep_going=True, ctx=Context(),
-                                 run_on=executor, address=run.address, loaded=loaded,
-                                 promote=False, echo=run.echo, live=False, record_probes=False,
+            built = build_recipe(loaded.path, ctx=ctx, settings=run.settings, jobs=run.jobs,
+                                 keep_going=True, run_on=executor, address=run.address,
+                                 loaded=loaded, promote=False, echo=run.echo, live=False,
+                                 record_probes=False, planned=probed.planned,
                                  only=f"{runnable.pop()}/*" if lacking and len(runnable) == 1
                                  else None)
             summary = built.summary
@@ -341,10 +339,11 @@ def _gate(run: _Run, plan: Plan, targets: list[TargetReport], summary: BuildSumm
     """The promotion gate of each channel whose smoke is in *changed_smokes* (its moves
     left to `settle`), then the alarm (`_judge`)."""
     by_target = {t.id: t for t in targets}
-    for promotion in promote_gated(run.ctx, plan, summary, changed_smokes, move=False):
+    for promotion in promote_gated(run.ctx, run.settings, plan, summary, changed_smokes,
+                                   move=False):
         by_target[promotion.target].promotions.append(promotion)
         run.pending += [(plan, promotion)] if promotion.action == "pending" else []
-    _judge(run.ctx, plan, targets, _outcomes(summary), run.since)
+    _judge(run, plan, targets, _outcomes(summary))
 
 
 def _lacking_gpu(plan: Plan, probes: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -357,11 +356,12 @@ def _lacking_gpu(plan: Plan, probes: dict[str, dict[str, Any]]) -> dict[str, str
             for p in plan.targets if not p.target.gpu.is_cpu and p.target.gpu.sku != here}
 
 
-def _judge(ctx: Context, plan: Plan, targets: list[TargetReport],
-           outcomes: dict[str, Outcome], since: datetime) -> None:
+def _judge(run: _Run, plan: Plan, targets: list[TargetReport],
+           outcomes: dict[str, Outcome]) -> None:
     """The toolchain regression alarm (`pipeline.nightly.alarm`) for each target proven in
     this run (its entry re-proved, and the incumbent of each alias the gate measured), and
     the log or smoke report each verdict comes from."""
+    ctx, since = run.ctx, run.since
     threshold = plan.loaded.recipe.nightly.max_regression
     suspects: list[tuple[TargetReport, Regression]] = []
     with ctx.registry.session(readonly=True) as session:
@@ -389,8 +389,9 @@ def _judge(ctx: Context, plan: Plan, targets: list[TargetReport],
                                             shown.toolchain)
                 suspects += [(target, found)] if found else []
     for target, suspect in suspects:  # served again here, after the registry is let go
-        rounds = remeasure(suspect.digest, rounds=plan.loaded.recipe.nightly.gate_rounds,
-                           log_dir=Settings.from_env().work_dir / "alarm"
+        rounds = remeasure(ctx, run.settings, suspect.digest,
+                           rounds=plan.loaded.recipe.nightly.gate_rounds,
+                           log_dir=run.settings.work_dir / "alarm"
                            / suspect.digest.removeprefix("sha256:")[:16])
         found = suspect if rounds is None else confirmed(suspect, rounds)
         target.regressions += [found] if found else []

@@ -290,7 +290,7 @@ class Probe:
     """Where each field of *toolchain* was read (or looked for, when it is None)."""
 
 
-def probe(settings: Settings | None = None) -> Probe:
+def probe(settings: Settings) -> Probe:
     """This machine's fingerprint, each field read where it lives (`Probe.sources`): GPU and
     driver from nvidia-smi's query (the GPU through the catalog), the CUDA the driver runs from
     its banner, the image's CUDA toolkit (torch.version.cuda) and TensorRT, TRT-LLM, modelopt,
@@ -300,10 +300,8 @@ def probe(settings: Settings | None = None) -> Probe:
     import os
 
     from pipeline.host.runtimes import vllm_in
-    from pipeline.settings import Settings
     from registry.gpus import UnknownGpuError, lookup_gpu
 
-    settings = settings or Settings.from_env()
     smi = _nvidia_smi()
     found, problem = _builder_python(settings.python)
     vllm = vllm_in(settings.vllm_python)

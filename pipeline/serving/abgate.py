@@ -37,6 +37,8 @@ from pipeline.serving.loadgen import LoadLevel, median
 
 if TYPE_CHECKING:
     from pipeline.serving.smoke_here import Served
+    from pipeline.settings import Settings
+    from registry.context import Context
 
 Rule = Literal["ab", "fallback"]
 SIDES: Final = ("incumbent", "candidate")
@@ -133,16 +135,17 @@ def decide(incumbent: Sequence[Sequence[LoadLevel]], candidate: Sequence[Sequenc
     return GateResult("ab", False, reason, levels)
 
 
-def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: float,
-             log_dir: Path) -> GateResult | None:
-    """Serve *incumbent* and *candidate* (digests) here in turn, *rounds* times each, and
-    decide (module doc). None when this machine cannot serve the candidate."""
+def run_gate(ctx: Context, settings: Settings, incumbent: str, candidate: str, *, rounds: int,
+             max_regression: float, log_dir: Path) -> GateResult | None:
+    """Serve *incumbent* and *candidate* (digests of *ctx*'s registry) here in turn, *rounds*
+    times each, and decide (module doc). None when this machine cannot serve the
+    candidate."""
     from pipeline.errors import MachineError
     from pipeline.serving.server import NotReadyError
     from registry.errors import UsageError
 
     try:
-        new, [old] = _prepared(candidate, incumbent)
+        new, [old] = _prepared(ctx, settings, candidate, incumbent)
     except (MachineError, UsageError):
         return None
     measured: dict[str, list[list[LoadLevel]]] = {side: [] for side in SIDES}
@@ -168,16 +171,17 @@ def run_gate(incumbent: str, candidate: str, *, rounds: int, max_regression: flo
     return result
 
 
-def remeasure(digest: str, *, rounds: int, log_dir: Path) -> list[list[LoadLevel]] | None:
-    """Serve *digest* here *rounds* times, one burst of its smoke load at each level a round
-    (one side of the gate, alone: the toolchain regression alarm's confirmation). None when
-    this machine cannot serve it, or a round never became ready."""
+def remeasure(ctx: Context, settings: Settings, digest: str, *, rounds: int,
+              log_dir: Path) -> list[list[LoadLevel]] | None:
+    """Serve *digest* (of *ctx*'s registry) here *rounds* times, one burst of its smoke load
+    at each level a round (one side of the gate, alone: the toolchain regression alarm's
+    confirmation). None when this machine cannot serve it, or a round never became ready."""
     from pipeline.errors import MachineError
     from pipeline.serving.server import NotReadyError
     from registry.errors import IntegrityError, NotFoundError, UsageError
 
     try:
-        served, _ = _prepared(digest)
+        served, _ = _prepared(ctx, settings, digest)
     except (MachineError, UsageError, NotFoundError, IntegrityError):
         return None
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,29 +191,23 @@ def remeasure(digest: str, *, rounds: int, log_dir: Path) -> list[list[LoadLevel
         return None
 
 
-def _prepared(first: str, *others: str) -> tuple[Served, list[Served | str]]:
+def _prepared(ctx: Context, settings: Settings, first: str,
+              *others: str) -> tuple[Served, list[Served | str]]:
     """*first* and each of *others* ready to serve here (`prepare_served`). What *first*
     raises is raised; what one of *others* raises is its text in its place (an incumbent
     that cannot run here leaves the gate to its fallback)."""
     from pipeline.errors import MachineError
     from pipeline.serving.smoke_here import prepare_served
-    from pipeline.settings import Settings
-    from registry.context import Context
     from registry.errors import IntegrityError, NotFoundError, UsageError
 
-    settings = Settings.from_env()
-    ctx = Context()
-    try:
-        served = prepare_served(ctx, first, settings)
-        rest: list[Served | str] = []
-        for digest in others:
-            try:
-                rest.append(prepare_served(ctx, digest, settings))
-            except (MachineError, UsageError, NotFoundError, IntegrityError) as exc:
-                rest.append(str(exc))
-        return served, rest
-    finally:
-        ctx.close()
+    served = prepare_served(ctx, first, settings)
+    rest: list[Served | str] = []
+    for digest in others:
+        try:
+            rest.append(prepare_served(ctx, digest, settings))
+        except (MachineError, UsageError, NotFoundError, IntegrityError) as exc:
+            rest.append(str(exc))
+    return served, rest
 
 
 def _round(served: Served, log: Path) -> list[LoadLevel]:

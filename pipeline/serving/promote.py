@@ -210,17 +210,18 @@ def held_by_rollback(ctx: Context, channel: Channel, new: str | None) -> Promoti
                      channel.max_regression, reason=reason)
 
 
-def promote_gated(ctx: Context, plan: Plan, summary: BuildSummary,
+def promote_gated(ctx: Context, settings: Settings, plan: Plan, summary: BuildSummary,
                   wanted: set[str] | None = None, *, move: bool = True) -> list[Promotion]:
     """The nightly rule (module doc) for the channels whose smoke run is in *wanted* (every
-    channel when None). Without *move*, a promotion the gate lets through comes back
+    channel when None), its A/B served with *settings* (the gate's logs in its work
+    directory). Without *move*, a promotion the gate lets through comes back
     `pending`, its alias where it was, for the caller's `move_promotion`."""
     proven = _ready_entries(plan, summary)
     done: list[Promotion] = []
     for channel in plan.channels:
         if wanted is not None and channel.smoke not in wanted:
             continue
-        made = _gate(ctx, plan, channel, proven.get(channel.smoke))
+        made = _gate(ctx, settings, plan, channel, proven.get(channel.smoke))
         done.append(move_promotion(ctx, plan, made) if move and made.action == "pending"
                     else made)
     return done
@@ -237,7 +238,8 @@ def move_promotion(ctx: Context, plan: Plan, made: Promotion, *,
     return _move(ctx, plan, channel, made)
 
 
-def _gate(ctx: Context, plan: Plan, channel: Channel, new: str | None) -> Promotion:
+def _gate(ctx: Context, settings: Settings, plan: Plan, channel: Channel,
+          new: str | None) -> Promotion:
     if (held := held_by_rollback(ctx, channel, new)) is not None:  # G4: keep first
         held.rule, held.levels = "rollback-pin", _kept_levels(ctx, plan, channel, held)
         return held
@@ -269,7 +271,7 @@ def _gate(ctx: Context, plan: Plan, channel: Channel, new: str | None) -> Promot
     if current is None:
         made.rule, made.reason, made.action = "empty", "the alias pointed nowhere", "pending"
         return made
-    return _by_gate(plan, channel, made, compared=old_report is not None)
+    return _by_gate(ctx, settings, plan, channel, made, compared=old_report is not None)
 
 
 def _kept_levels(ctx: Context, plan: Plan, channel: Channel,
@@ -285,13 +287,14 @@ def _kept_levels(ctx: Context, plan: Plan, channel: Channel,
     return compare_levels(kept.report if kept else None, new.report if new else None, None)
 
 
-def _by_gate(plan: Plan, channel: Channel, made: Promotion, *, compared: bool) -> Promotion:
+def _by_gate(ctx: Context, settings: Settings, plan: Plan, channel: Channel, made: Promotion,
+             *, compared: bool) -> Promotion:
     """The same-run A/B of *made*.old against *made*.new decides (`pipeline.serving.abgate`)."""
     current, new = made.old or "", made.new or ""
-    log_dir = Settings.from_env().work_dir / "gate" / channel.alias.replace("/", "_") / \
+    log_dir = settings.work_dir / "gate" / channel.alias.replace("/", "_") / \
         new.removeprefix("sha256:")[:16]
-    gate = run_gate(current, new, rounds=_rounds(plan), max_regression=channel.max_regression,
-                    log_dir=log_dir)
+    gate = run_gate(ctx, settings, current, new, rounds=_rounds(plan),
+                    max_regression=channel.max_regression, log_dir=log_dir)
     if gate is None:  # this machine cannot serve the candidate: the proofs on record
         return _by_history(channel, made, compared=compared)
     made.rule, made.reason = gate.rule, gate.reason

@@ -147,36 +147,30 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
                   {"VLLM_CPU_KVCACHE_SPACE": "1"} if record.gpu is None else None)
 
 
-def smoke_artifact(ref: str, *, settings: Settings | None = None) -> tuple[str, SmokeReport]:
-    """`enginectl smoke REF`: serve a registered engine or entry here with the argv its
-    manifest records and judge it as a build's smoke does (`pipeline.serving.verdict`: its
-    recipe's reference outputs and agreement, the warm start and capture), record the report,
-    and move it to `ready` or `quarantined` (a pass also clears a quarantine). `MachineError`
-    when this machine cannot serve it: then nothing is recorded and its status stays."""
+def smoke_artifact(ref: str, *, ctx: Context, settings: Settings) -> tuple[str, SmokeReport]:
+    """`enginectl smoke REF`: serve a registered engine or entry of *ctx*'s registry here
+    with the argv its manifest records and judge it as a build's smoke does
+    (`pipeline.serving.verdict`: its recipe's reference outputs and agreement, the warm start
+    and capture), record the report, and move it to `ready` or `quarantined` (a pass also
+    clears a quarantine). `MachineError` when this machine cannot serve it: then nothing is
+    recorded and its status stays. The caller made *ctx* and closes it."""
     from pipeline.errors import MachineError
     from pipeline.serving.verdict import SmokeJob, conclude, judge
-    from pipeline.settings import Settings
-    from registry.context import Context
 
-    settings = settings or Settings.from_env()
-    ctx = Context()
-    try:
-        served = prepare_served(ctx, ref, settings)
-        digest, record = served.digest, served.record
-        log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
-        judged = judge(ctx, settings, SmokeJob(
-            digest, served.argv, served.model_dir, record.model, served.settings,
-            record.quant, record.max_input_len or 128,
-            served.settings.gpu_price_per_hour.get(record.gpu or "CPU"), log,
-            record.gpu is None, log.with_suffix(".serve"),
-            gpus=record.tp * record.pp if record.gpu else 1))
-        if judged.fault is not None:
-            raise MachineError(f"cannot smoke {digest} here", judged.fault, _fix(digest, record))
-        measured = _where(settings)  # the evidence says where it was measured
-        conclude(ctx, judged, gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
-        return digest, judged.report
-    finally:
-        ctx.close()
+    served = prepare_served(ctx, ref, settings)
+    digest, record = served.digest, served.record
+    log = settings.work_dir / "smoke" / f"{digest.removeprefix('sha256:')[:16]}.log"
+    judged = judge(ctx, settings, SmokeJob(
+        digest, served.argv, served.model_dir, record.model, served.settings,
+        record.quant, record.max_input_len or 128,
+        served.settings.gpu_price_per_hour.get(record.gpu or "CPU"), log,
+        record.gpu is None, log.with_suffix(".serve"),
+        gpus=record.tp * record.pp if record.gpu else 1))
+    if judged.fault is not None:
+        raise MachineError(f"cannot smoke {digest} here", judged.fault, _fix(digest, record))
+    measured = _where(settings)  # the evidence says where it was measured
+    conclude(ctx, judged, gpu=measured.gpu or "CPU", toolchain=measured.as_dict())
+    return digest, judged.report
 
 
 def _serve_of(ctx: Context, digest: str, manifest: Manifest, record: ArtifactRecord | None

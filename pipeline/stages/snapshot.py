@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 from pipeline.errors import StageError
 from pipeline.recipe.reader import LoadedRecipe, local_source_dir
@@ -33,9 +35,11 @@ def check_checkpoint(root: Path, key: str) -> None:
                 )
 
 
-def snapshot(loaded: LoadedRecipe, revision: str | None, out_dir: Path, key: str) -> Path:
+def snapshot(loaded: LoadedRecipe, revision: str | None, out_dir: Path, key: str, *,
+             s3_endpoint_url: str | None = None) -> Path:
     """The directory holding the source checkpoint (a local source is used in place);
-    *revision*: the commit planning pinned a remote source to."""
+    *revision*: the commit planning pinned a remote source to; *s3_endpoint_url*: the
+    S3-compatible endpoint of an `s3://` source (the registry's, from its Context)."""
     model = loaded.recipe.model
     if model.is_local:
         root = local_source_dir(loaded.recipe, loaded.base_dir)
@@ -47,29 +51,34 @@ def snapshot(loaded: LoadedRecipe, revision: str | None, out_dir: Path, key: str
             raise StageError("snapshot", key, f"cannot download {model.source}@{revision}: "
                              f"{exc.kind}: {exc.detail}") from exc
     else:
-        root = _download_s3(model.source, out_dir, key)
+        root = _download_s3(model.source, out_dir, key, s3_endpoint_url)
     check_checkpoint(root, key)
     return root
 
 
-def _download_s3(url: str, out_dir: Path, key: str) -> Path:
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
+def _download_s3(url: str, out_dir: Path, key: str, endpoint_url: str | None) -> Path:
+    """Every object under the `s3://` prefix *url*, through the registry's own S3 bucket
+    (`registry.store.s3bucket.Bucket`, which translates boto3's errors where they enter)."""
+    from registry.errors import RegistryError
+    from registry.store.s3bucket import Bucket
 
-    from registry.config import RegistryConfig
-
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    name, _, prefix = url.removeprefix("s3://").partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix else ""
-    client = boto3.client("s3", endpoint_url=RegistryConfig.from_env().s3_endpoint_url)
+    bucket = Bucket(name, store_url=url, endpoint_url=endpoint_url)
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                relative = item["Key"][len(prefix):]
-                if not relative or relative.endswith("/") or ".." in relative.split("/"):
-                    continue
-                target = out_dir / relative
-                target.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(bucket, item["Key"], str(target))
-    except (BotoCoreError, ClientError) as exc:
+        for item in bucket.list(prefix):
+            relative = str(item["Key"])[len(prefix):]
+            if not relative or relative.endswith("/") or ".." in relative.split("/"):
+                continue
+            target = out_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as handle:
+                bucket.read_into(str(item["Key"]), relative, partial(_write_at, handle))
+    except RegistryError as exc:
         raise StageError("snapshot", key, f"cannot download {url}: {exc}") from exc
     return out_dir
+
+
+def _write_at(handle: BinaryIO, offset: int, chunk: bytes) -> None:
+    handle.seek(offset)
+    handle.write(chunk)
