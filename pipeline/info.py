@@ -42,7 +42,7 @@ class Reach:
 
 
 @dataclass(frozen=True, slots=True)
-class Runtime:
+class ProgramCheck:
     name: str
     path: str | None
     version: str | None = None
@@ -55,7 +55,7 @@ class Info:
     store: Reach
     registry: Reach
     schema: dict[str, str | None]  # revision, head, state
-    runtimes: list[Runtime] = field(default_factory=list)
+    runtimes: list[ProgramCheck] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -141,24 +141,24 @@ def _registry_reach(url: str, schema: dict[str, str | None], *, retry_s: float) 
     return Reach(True, f"reachable; schema {revision} ({schema['state']})")
 
 
-def runtimes(settings: Settings, env: Mapping[str, str]) -> list[Runtime]:
+def runtimes(settings: Settings, env: Mapping[str, str]) -> list[ProgramCheck]:
     """vLLM's Python and its vllm, trtllm-serve, trtllm-build and nvidia-smi."""
     from pipeline.planning.toolchain import probe
 
     vllm = vllm_in(settings.vllm_python)
     source = (CONFIGURED if vllm_pythons(env)[0].found_by == CONFIGURED
               else "default: scripts/install-vllm's venv, else python3")
-    found = [Runtime("vllm", vllm.path, vllm.version, vllm.problem or source)]
+    found = [ProgramCheck("vllm", vllm.path, vllm.version, vllm.problem or source)]
     for name in ("trtllm-serve", "trtllm-build"):
         path = program(name)
-        found.append(Runtime(name, path, None, None if path else "not on PATH"))
+        found.append(ProgramCheck(name, path, None, None if path else "not on PATH"))
     smi = program("nvidia-smi")
     if smi is None:
-        found.append(Runtime("nvidia-smi", None, None, "not on PATH: no NVIDIA GPU is used"))
+        found.append(ProgramCheck("nvidia-smi", None, None, "not on PATH: no NVIDIA GPU is used"))
     else:
         probed = probe(settings)
         gpu = probed.toolchain.gpu or probed.gpu_name
-        found.append(Runtime("nvidia-smi", smi, probed.toolchain.driver,
+        found.append(ProgramCheck("nvidia-smi", smi, probed.toolchain.driver,
                              f"{probed.gpu_count} x {gpu}" if gpu else probed.note))
     return found
 

@@ -1,5 +1,5 @@
 """What a node asks for when it pulls or serves: the resolve request for this node
-(`node_request`, `asked`) and the candidate resolve ranks first for it (`resolved`), or, for
+(`node_request`, `model_request`) and the candidate resolve ranks first for it (`resolved`), or, for
 an alias, the target that runs on this node's toolchain (`fitting_target`). Decided before
 anything is downloaded; `pipeline.deploy.pull.select` puts them together."""
 
@@ -70,10 +70,10 @@ def _cpu_hint(ctx: Context, model: str) -> str | None:
             "pass --gpu cpu to serve it here, or --gpu SKU")
 
 
-def asked(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
-          gpu_count: int | None = None, min_seq_len: int | None = None,
-          min_batch: int | None = None, prefer: Sequence[str] = (),
-          allow_unproven: bool = False, ctx: Context | None = None) -> Request | None:
+def model_request(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
+                  gpu_count: int | None = None, min_seq_len: int | None = None,
+                  min_batch: int | None = None, prefer: Sequence[str] = (),
+                  allow_unproven: bool = False, ctx: Context | None = None) -> Request | None:
     """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
     for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
     if (ref is None) == (model is None):

@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
-from pipeline.deploy.node import asked, fitting_target, resolved
+from pipeline.deploy.node import fitting_target, model_request, resolved
 from pipeline.deploy.refit import Refitted, check_refit_here, needs_refit, refit_placed
-from pipeline.deploy.runtime import Runtime, find_runtime
+from pipeline.deploy.runtime import RuntimeExecutable, find_runtime
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
 from pipeline.deploy.warm import WARM_DIR, Warm, node_key, place_warm
 from registry.errors import ManifestError, UnreadyError, UsageError
@@ -240,8 +240,8 @@ def merged(selection: Selection) -> Manifest:
 # --- where ------------------------------------------------------------------------------------
 
 
-def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str, port: int,
-               downloaded_bytes: int = 0, cached_bytes: int = 0,
+def pulled_for(selection: Selection, runtime: RuntimeExecutable, dest: Path, *, host: str,
+               port: int, downloaded_bytes: int = 0, cached_bytes: int = 0,
                warm: Warm | None = None, refit: Refitted | None = None) -> Pulled:
     """What serves *selection* from *dest* on this node (with *warm*'s cache, if any). Pure."""
     tokenizer = selection.tokenizer
@@ -271,7 +271,7 @@ def pulled_for(selection: Selection, runtime: Runtime, dest: Path, *, host: str,
     )
 
 
-def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtime,
+def place(ctx: Context, selection: Selection, target: Target, *, runtime: RuntimeExecutable,
           host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, verify: Verify = "fast",
           progress: Progress | None = None, warm: bool = True) -> Pulled:
     """Put *selection*'s files and `serve.json` at *target* (`check_target`'s), all or
@@ -321,7 +321,7 @@ def pull(
     """Pull *ref*, or (with *model* and no *ref*) what resolve ranks first for *gpu*, into
     *dest*, and write the command that serves it on this node (module doc); *warm* False
     (`--no-warm`) leaves the warm cache out."""
-    request = asked("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
+    request = model_request("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
                     ctx=ctx)
     target = check_target(ctx, dest, verb="pull", force=force, verify=verify)

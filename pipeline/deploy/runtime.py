@@ -25,7 +25,7 @@ from pipeline.host.runtimes import CONFIGURED, vllm_in, vllm_pythons, vllm_venv
 
 
 @dataclass(frozen=True)
-class Runtime:
+class RuntimeExecutable:
     name: str  # vllm | trtllm | trtllm-pytorch
     executable: str  # absolute path
     found_by: str  # how: "--executable", "ENGINECTL_VLLM_PYTHON", "PATH", the venv
@@ -38,7 +38,7 @@ def _executable(path: str) -> str | None:
 
 
 def find_runtime(name: str, *, executable: str | None = None,
-                 env: Mapping[str, str] | None = None) -> Runtime:
+                 env: Mapping[str, str] | None = None) -> RuntimeExecutable:
     """The executable that runs runtime *name* here; *executable* overrides the search (it
     must exist on this machine)."""
     env = os.environ if env is None else env
@@ -47,17 +47,17 @@ def find_runtime(name: str, *, executable: str | None = None,
         if found is None:
             raise RuntimeMissingError(name, f"--executable {executable!r} is not an "
                                       "executable file on this machine")
-        return Runtime(name, found, "--executable")
+        return RuntimeExecutable(name, found, "--executable")
     if name == "vllm":
         return _vllm(env)
     found = _executable("trtllm-serve")
     if found is None:
         raise RuntimeMissingError(name, "trtllm-serve is not on PATH (run in the TensorRT-LLM "
                                   "release image, or pass --executable PATH)")
-    return Runtime(name, found, "PATH")
+    return RuntimeExecutable(name, found, "PATH")
 
 
-def _vllm(env: Mapping[str, str]) -> Runtime:
+def _vllm(env: Mapping[str, str]) -> RuntimeExecutable:
     candidates = vllm_pythons(env)  # the one order (pipeline.host.runtimes)
     if candidates[0].found_by == CONFIGURED:
         configured = candidates[0].python
@@ -65,11 +65,11 @@ def _vllm(env: Mapping[str, str]) -> Runtime:
         if found is None:
             raise RuntimeMissingError("vllm", f"ENGINECTL_VLLM_PYTHON={configured!r} is not "
                                       "an executable file")
-        return Runtime("vllm", found, CONFIGURED)
+        return RuntimeExecutable("vllm", found, CONFIGURED)
     for candidate in candidates:
         probed = vllm_in(candidate.python)
         if probed.path is not None and probed.problem is None:
-            return Runtime("vllm", str(Path(probed.path).absolute()), candidate.found_by)
+            return RuntimeExecutable("vllm", str(Path(probed.path).absolute()), candidate.found_by)
     raise RuntimeMissingError("vllm", "no Python here imports vllm (looked at "
                               f"ENGINECTL_VLLM_PYTHON, {vllm_venv(env)}, and python3 and "
                               "python on PATH); install vLLM, set ENGINECTL_VLLM_PYTHON, or "

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from pipeline.deploy.node import asked
+from pipeline.deploy.node import model_request
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -50,7 +50,7 @@ from pipeline.deploy.pull import (
     pulled_for,
     select,
 )
-from pipeline.deploy.runtime import Runtime, find_runtime
+from pipeline.deploy.runtime import RuntimeExecutable, find_runtime
 from pipeline.deploy.warm import WARM_DIR, Warm
 from pipeline.host.runner import start_process
 from pipeline.planning.capacity import serving_shortfall
@@ -169,7 +169,7 @@ def _locked(dest: Path) -> Iterator[None]:
         yield
 
 
-def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, port: int,
+def prepare(ctx: Context, selection: Selection, runtime: RuntimeExecutable, *, host: str, port: int,
             progress: Progress | None = None, warm: bool = True,
             output: Path | None = None) -> Pulled:
     """*selection* in its serving directory (or *output*, a directory `check_target` took
@@ -183,8 +183,8 @@ def prepare(ctx: Context, selection: Selection, runtime: Runtime, *, host: str, 
                         warm=warm, own=True)
 
 
-def _prepare(ctx: Context, selection: Selection, runtime: Runtime, dest: Path, *, host: str,
-             port: int, progress: Progress | None, warm: bool, own: bool) -> Pulled:
+def _prepare(ctx: Context, selection: Selection, runtime: RuntimeExecutable, dest: Path, *,
+             host: str, port: int, progress: Progress | None, warm: bool, own: bool) -> Pulled:
     stamps = _complete(ctx, dest, selection)
     if stamps is None:
         target = check_target(ctx, dest, verb="serve", force=own, own=own)
@@ -240,7 +240,7 @@ def serve(
     *output* (`serve -o DIR`): served from DIR, placed where and as `pull -o DIR` places
     (the same target rule, checked first; a DIR that holds this artifact's pull already is
     served as it is)."""
-    request = asked("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
+    request = model_request("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
                     min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
                     ctx=ctx)
     directory = None if output is None else check_target(ctx, output, verb="serve",

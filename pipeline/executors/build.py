@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from pipeline.executors.result import BuildResult, Planned, raise_if_interrupted
-from pipeline.executors.view import describe, shown_walk
+from pipeline.executors.view import describe, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe, selected_keys
 from pipeline.planning.source import read_recipe
 from pipeline.planning.toolchain import Probe, Toolchain, for_build, local_pool, probe
@@ -188,7 +188,7 @@ def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: 
     with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
                        local_gpu=found.toolchain.gpu, gpu_count=found.gpu_count,
                        keep_work=keep_work) as executor:
-        result.summary = shown_walk(plan, ctx, keys, executor, hits=hit_records,
+        result.summary = walk_and_report(plan, ctx, keys, executor, hits=hit_records,
                                     keep_going=keep_going, echo=echo, live=live)
     raise_if_interrupted(recipe, result.summary)
     if promote:

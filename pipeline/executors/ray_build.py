@@ -48,7 +48,7 @@ from pipeline.executors.pools import (
 )
 from pipeline.executors.result import BuildResult, Planned, RayPlanned, raise_if_interrupted
 from pipeline.executors.stage import lookup
-from pipeline.executors.view import NodeView, on_node, shown_walk
+from pipeline.executors.view import NodeView, on_node, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe
 from pipeline.planning.source import read_recipe
 from pipeline.planning.toolchain import BUILDER_IMAGE, Toolchain, for_build
@@ -193,7 +193,7 @@ def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, address: str
                      toolchains=grouped.toolchains, nodes=grouped.nodes,
                      cpu_nodes=list(on_ray.cpu_nodes), grace_s=GRACE_S,
                      max_retries=MAX_RETRIES) as on_cluster:
-            result.summary = shown_walk(plan, ctx, keys, on_cluster, hits=hits,
+            result.summary = walk_and_report(plan, ctx, keys, on_cluster, hits=hits,
                                         keep_going=keep_going, echo=echo, live=None,
                                         view=NodeView, line=on_node)
         raise_if_interrupted(recipe, result.summary)

@@ -1,10 +1,10 @@
 """view: a build as a person follows it — a line or a live table row per stage run as the
 walk goes, and the summary at the end (`enginectl build`, local or on Ray).
 
-    describe      one line per finished run on this machine
-    on_node       the same line with the node that ran it (a build on Ray)
-    LiveView      the live table on a terminal (NodeView: with the node)
-    shown_walk    the walk (`pipeline.executors.dag.walk`) reported through one of those
+    describe          one line per finished run on this machine
+    on_node           the same line with the node that ran it (a build on Ray)
+    LiveView          the live table on a terminal (NodeView: with the node)
+    walk_and_report   the walk (`pipeline.executors.dag.walk`) reported through one of those
     summary_lines, dry_run_lines   what the CLI prints after a build or a dry run
 """
 
@@ -57,7 +57,7 @@ def on_node(outcome: Outcome) -> str:
             f"{where}{timing}{node}{why}")
 
 
-def shown_walk(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,
+def walk_and_report(plan: Plan, ctx: Context, keys: set[str], backend: Backend, *,
                hits: Mapping[str, ArtifactRecord], keep_going: bool, echo: Echo | None,
                live: bool | None, view: type[LiveView] | None = None,
                line: Callable[[Outcome], str] = describe) -> BuildSummary:

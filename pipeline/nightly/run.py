@@ -51,7 +51,7 @@ from pipeline.nightly.verdict import (
 )
 from pipeline.planning.outcome import BuildSummary, Outcome
 from pipeline.planning.plan import Plan, plan_recipe
-from pipeline.planning.source import checked, read_recipe
+from pipeline.planning.source import read_recipe, with_source_read
 from pipeline.planning.toolchain import (
     BUILDER_IMAGE,
     PoolToolchains,
@@ -92,7 +92,7 @@ def recorded(ctx: Context) -> list[LoadedRecipe | RecipeReport]:
     found: list[LoadedRecipe | RecipeReport] = []
     for row in rows:
         try:
-            found.append(checked(parse_recipe(Path(row.path), row.text)))
+            found.append(with_source_read(parse_recipe(Path(row.path), row.text)))
         except EnginectlError as exc:
             found.append(RecipeReport(row.name, row.path, row.digest,
                                       error=f"cannot read the recorded recipe: {exc}",

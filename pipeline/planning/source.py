@@ -251,7 +251,7 @@ def _calibration_file(
 
 
 
-def checked(loaded: LoadedRecipe) -> LoadedRecipe:
+def with_source_read(loaded: LoadedRecipe) -> LoadedRecipe:
     """*loaded*, once its model source reads (`model_source`, cached for the plan that
     follows): for a caller that reports an unreadable source where it reads the recipe."""
     model_source(loaded)
@@ -259,5 +259,5 @@ def checked(loaded: LoadedRecipe) -> LoadedRecipe:
 
 
 def read_recipe(path: Path) -> LoadedRecipe:
-    """`load_recipe`, then `checked`: what a command that plans reads its RECIPE with."""
-    return checked(load_recipe(path))
+    """`load_recipe`, then `with_source_read`: what a command that plans reads its RECIPE with."""
+    return with_source_read(load_recipe(path))
