@@ -113,7 +113,3 @@ def lookup_gpu(name: str, *, option: str | None = None) -> GpuSpec:
     if spec is None:
         raise UnknownGpuError(name, option=option)
     return spec
-
-
-def known_names() -> list[str]:
-    return sorted({s.sku for s in CATALOG} | {n for s in CATALOG for n in s.names if " " not in n})

@@ -3,7 +3,6 @@ decides how to show them."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -26,27 +25,6 @@ class NoProgress:
 
     def advance(self, nbytes: int) -> None:
         del nbytes
-
-    def finish(self) -> None:
-        pass
-
-
-class CountingProgress:
-    """Counts bytes; thread-safe. Used by tests and as a base for displays."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.total = 0
-        self.done = 0
-
-    def start(self, description: str, total_bytes: int) -> None:
-        del description
-        with self._lock:
-            self.total, self.done = total_bytes, 0
-
-    def advance(self, nbytes: int) -> None:
-        with self._lock:
-            self.done += nbytes
 
     def finish(self) -> None:
         pass

@@ -197,35 +197,35 @@ class Published:
     bytes_uploaded: int
 
 
-class Publication:
-    """One publish of *root* in phases (see the module doc); `run` does them all."""
+@dataclass(frozen=True)
+class PublishSpec:
+    """What a publish says of an artifact besides its files: the manifest's fields, and
+    the status its registry row starts with."""
 
-    def __init__(
-        self,
-        ctx: Context,
-        root: Path,
-        *,
-        kind: str,
-        labels: Mapping[str, Any],
-        status: ArtifactStatus = "built",
-        status_reason: str | None = None,
-        recipe_digest: str | None = None,
-        progress: Progress | None = None,
-        hashed: list[tuple[FileEntry, Path]] | None = None,
-        key: str | None = None,
-        toolchain: Mapping[str, Any] | None = None,
-        inputs: tuple[str, ...] = (),
-        serve: Mapping[str, Any] | None = None,
-    ) -> None:
-        if "model" not in labels:
+    kind: str
+    labels: Mapping[str, Any]
+    status: ArtifactStatus = "built"
+    status_reason: str | None = None
+    recipe_digest: str | None = None
+    key: str | None = None
+    toolchain: Mapping[str, Any] | None = None
+    inputs: tuple[str, ...] = ()
+    serve: Mapping[str, Any] | None = None
+
+
+class Publication:
+    """One publish of *root* as *spec* says (see the module doc); `run` does every phase.
+    *hashed*: the files' entries, when the caller hashed them already."""
+
+    def __init__(self, ctx: Context, root: Path, spec: PublishSpec, *,
+                 progress: Progress | None = None,
+                 hashed: list[tuple[FileEntry, Path]] | None = None) -> None:
+        if "model" not in spec.labels:
             raise ManifestError("an artifact needs a 'model' label")
-        self.ctx, self.root, self.kind, self.labels = ctx, root, kind, labels
-        self.status, self.status_reason, self.recipe_digest = status, status_reason, recipe_digest
+        self.ctx, self.root, self.spec = ctx, root, spec
         self.progress = progress or NoProgress()
         self.hashed = hashed
         self.tree: TreeDigests | None = None
-        self.manifest_fields: dict[str, Any] = {
-            "key": key, "toolchain": dict(toolchain or {}), "inputs": inputs, "serve": serve}
         self.stop = threading.Event()
         self.manifest: Manifest | None = None
         self.record: ArtifactRecord | None = None
@@ -247,15 +247,17 @@ class Publication:
             self._keys()
             assert self.tree is not None  # noqa: S101 - set by _keys
             entries = self.tree.entries()
+        spec = self.spec
         self.manifest = Manifest(
-            kind=self.kind, files=tuple(entry for entry, _ in entries),
-            labels={k: v for k, v in self.labels.items() if v is not None},
-            **self.manifest_fields,
+            kind=spec.kind, files=tuple(entry for entry, _ in entries),
+            labels={k: v for k, v in spec.labels.items() if v is not None},
+            key=spec.key, toolchain=dict(spec.toolchain or {}), inputs=spec.inputs,
+            serve=spec.serve,
         )
         self.sources = {entry.xxh3: path for entry, path in entries}
-        self.record = record_of(self.manifest, status=self.status,
-                                status_reason=self.status_reason,
-                                recipe_digest=self.recipe_digest)
+        self.record = record_of(self.manifest, status=spec.status,
+                                status_reason=spec.status_reason,
+                                recipe_digest=spec.recipe_digest)
         return self.manifest
 
     def begin(self, *, ttl: timedelta | None = None) -> None:
@@ -295,7 +297,8 @@ class Publication:
             if registered:
                 history.record_registered(self.ctx.store, record)
             elif records.get_status(session, record.digest) == "deleted":
-                history.set_status_and_record(self.ctx.store, session, record.digest, self.status,
+                history.set_status_and_record(self.ctx.store, session, record.digest,
+                                              self.spec.status,
                                               "published again after it was deleted")
         uploaded = self.pending.uploaded
         return Published(record.digest, self.manifest, registered, len(uploaded),
@@ -389,6 +392,5 @@ def publish(
     **manifest_fields: Any,
 ) -> Published:
     """Store *root* as an artifact and register it; a no-op for content already there."""
-    return Publication(ctx, Path(root), kind=kind, labels=labels, status=status,
-                       status_reason=status_reason, recipe_digest=recipe_digest,
-                       progress=progress, **manifest_fields).run()
+    spec = PublishSpec(kind, labels, status, status_reason, recipe_digest, **manifest_fields)
+    return Publication(ctx, Path(root), spec, progress=progress).run()

@@ -26,7 +26,7 @@ from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import Collected, Collector, gc
 from registry.ops.logs import release_lease_with_log
-from registry.ops.publish import Publication, digest_directory
+from registry.ops.publish import Publication, PublishSpec, digest_directory
 from registry.sql import leases, records
 from registry.sql.db import open_registry
 from tests.integration.db_fixtures import postgres_schema
@@ -34,6 +34,8 @@ from tests.integration.engines import make_engine
 
 PHASES = ("prepare", "begin", "upload", "write_manifest", "commit")
 NOW = timedelta(0)  # a grace of 0 s: every unreferenced blob is old enough to go
+ENGINE = PublishSpec("trtllm-engine", {"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2},
+                     status="ready")
 
 
 def _leave_blobs_of(ctx: Context, source: Path) -> set[Digest]:
@@ -46,8 +48,7 @@ def _leave_blobs_of(ctx: Context, source: Path) -> set[Digest]:
 
 
 def _publication(ctx: Context, source: Path) -> Publication:
-    return Publication(ctx, source, kind="trtllm-engine", status="ready",
-                       labels={"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2})
+    return Publication(ctx, source, ENGINE)
 
 
 def _fetches_whole(ctx: Context, digest: str, source: Path, out: Path) -> None:
@@ -147,9 +148,7 @@ def test_gc_with_no_grace_in_the_middle_of_an_upload_takes_nothing_it_is_writing
     if hasattr(ctx.store, "upload_part_size"):  # S3: a multipart upload of 5 MiB parts
         ctx.store.upload_part_size = 5 << 20
     progress = _GcMidUpload(ctx)
-    publication = Publication(ctx, source, kind="trtllm-engine", status="ready",
-                              labels={"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2},
-                              progress=progress)
+    publication = Publication(ctx, source, ENGINE, progress=progress)
     published = publication.run()
     assert progress.collected is not None  # gc ran, mid-upload
     assert progress.collected.partial == 0

@@ -34,7 +34,7 @@ from registry.ops.fetch import fetch
 from registry.ops.fsck import fsck
 from registry.ops.gc import gc
 from registry.ops.pending import Pending
-from registry.ops.publish import Publication
+from registry.ops.publish import Publication, PublishSpec
 from registry.sql import leases, records
 from registry.sql.db import open_registry
 from registry.sql.heartbeat import Heartbeat
@@ -208,12 +208,13 @@ def test_a_registry_out_of_reach_past_the_lease_loses_it(blip: Blip) -> None:
 
 PENDING_TTL = timedelta(seconds=BLIP_TTL_S)
 NO_GRACE = timedelta(0)  # gc takes every unreferenced blob, however new
+ENGINE = PublishSpec("trtllm-engine", {"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2},
+                     status="ready")
 
 
 def _publication(ctx: Context, tmp_path: Path, seed: int) -> Publication:
     source = make_engine(tmp_path / "engine", seed=seed)
-    return Publication(ctx, source, kind="trtllm-engine", status="ready",
-                       labels={"model": "m", "gpu": "H100-SXM5-80GB", "tp": 2})
+    return Publication(ctx, source, ENGINE)
 
 
 def _pending_expiry(registry_url: str, pending_id: str) -> datetime | None:
