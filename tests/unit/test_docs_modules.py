@@ -67,6 +67,6 @@ def test_a_moved_module_is_caught() -> None:
     assert misplaced("docs/x.md", text) == [
         "docs/x.md:1: registry/sql/history.py does not exist",
         "docs/x.md:1: registry.sql.history.put: registry.sql defines no history",
-        "docs/x.md:3: registry.ops.history.nothing_here: registry.ops.history defines no "
-        "nothing_here",
+        ("docs/x.md:3: registry.ops.history.nothing_here: registry.ops.history defines no "
+        "nothing_here"),
     ]

@@ -27,12 +27,12 @@ PLANTED = {
     # path: (the line planted after the module's `from __future__` import, the contract)
     "registry/sql/rows.py": (
         "import registry.store.base",
-        "SQL is functions over a session: it imports neither the operations, the context "
-        "nor the store"),
+        ("SQL is functions over a session: it imports neither the operations, the context "
+        "nor the store")),
     "registry/store/ranges.py": (
         "import registry.sql.rows",
-        "the store moves bytes: it imports no SQL (nor the operations or the context above "
-        "it)"),
+        ("the store moves bytes: it imports no SQL (nor the operations or the context above "
+        "it)")),
     "registry/identity/layout.py": (
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import registry.sql.db",
         "the identity layer (what an artifact is) imports neither the store nor SQL"),
