@@ -8,7 +8,7 @@ all objects into files and checking their xxh3-128:
   ours-splice    enginectl's S3Store download path as shipped over http: one pool of ranged
                  GETs of `download_part_size` (32 MiB), each body spliced by the kernel from
                  the socket to its file offset (`registry.store.s3splice`), hashed in order
-                 from mmap
+                 as the parts complete, read back through one 256 KiB buffer per blob
   ours-obstore   the same with ENGINECTL_S3_SPLICE=0: obstore streams the bodies in 1 MiB
                  chunks that Python writes (what https always takes)
   ours-boto3     the same path with boto3 moving the bytes (what enginectl did before)
