@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, wait
+from typing import Final
 
-from registry.identity.digest import Hasher
+from registry.identity.digest import CHUNK, Hasher
 
 
 def split(start: int, end: int, part_size: int) -> list[tuple[int, int]]:
@@ -33,7 +35,7 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def read_exactly_into(fd: int, offset: int, buffer: bytearray | memoryview) -> None:
+def read_exactly_into(fd: int, offset: int, buffer: bytearray) -> None:
     """Fill *buffer* with the bytes of *fd* from *offset*; OSError when the file ends first."""
     done = 0
     with memoryview(buffer) as view:
@@ -45,17 +47,69 @@ def read_exactly_into(fd: int, offset: int, buffer: bytearray | memoryview) -> N
             done += got
 
 
-def hash_file_range(fd: int, start: int, end: int, hasher: Hasher, buffer: bytearray) -> None:
-    """Feed bytes [start, end) of *fd* to *hasher*, read into *buffer* (reused: it stays in
-    the CPU's cache, and what the process holds is its size, however big the file); OSError
-    when the file ends first."""
-    with memoryview(buffer) as view:
-        while start < end:
-            size = min(len(view), end - start)
-            with view[:size] as piece:
-                read_exactly_into(fd, start, piece)
-                hasher.update(piece)
-            start += size
+RELEASE: Final = 4 << 20
+"""How much of a blob's mapping a fetch's verification holds at most before dropping it:
+four blobs at once hold 16 MiB of the file's pages (32 MiB steps held 70-100 MiB), and
+4 MiB of madvise steps costs nothing measurable against 32 MiB ones (bench/README.md)."""
+
+
+class MappedHash:
+    """Feeds ranges of a mapped file to a hasher, in the order asked, without copying them;
+    the hashed pages are dropped from the mapping every *release* bytes (the page cache
+    keeps them), so what the process holds of the file stays under *release* plus a CHUNK."""
+
+    def __init__(self, region: mmap.mmap, hasher: Hasher, *, release: int = RELEASE) -> None:
+        self._region = region
+        self._hasher = hasher
+        self._release = release
+        self._released = 0
+
+    def __call__(self, start: int, end: int) -> None:
+        with memoryview(self._region) as view:
+            for offset in range(start, end, CHUNK):
+                with view[offset:min(offset + CHUNK, end)] as piece:
+                    self._hasher.update(piece)
+                done = min(offset + CHUNK, end)
+                if done - self._released >= self._release or done == len(self._region):
+                    self._region.madvise(mmap.MADV_DONTNEED, self._released,
+                                         done - self._released)
+                    self._released = done - done % mmap.PAGESIZE
+
+
+class InOrderHash:
+    """A hash of a file whose parts land in any order, fed its bytes in file order.
+
+    A part's thread tells `landed` of each piece it writes; while every byte before the
+    piece is hashed (the part is at the frontier), that thread hashes the piece at once,
+    while it is still in the CPU's cache. `upto(end)`, called in file order once each part
+    is whole, hashes whatever the frontier has not reached yet (parts that landed ahead of
+    it, read from the page cache): that alone makes the hash whole, the rest only makes it
+    cheaper. One lock: a thread that finds it taken leaves its piece to whoever holds it or
+    to `upto`. *feed(start, end)* hashes a range (`MappedHash`)."""
+
+    def __init__(self, feed: Callable[[int, int], None]) -> None:
+        self._feed = feed
+        self._lock = threading.Lock()
+        self.frontier = 0
+        """Bytes [0, frontier) are hashed."""
+
+    def landed(self, part_start: int, end: int) -> None:
+        """Bytes [part_start, end) of the file are written."""
+        if not part_start <= self.frontier < end or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if part_start <= self.frontier < end:  # checked again, now that it is ours
+                self._feed(self.frontier, end)
+                self.frontier = end
+        finally:
+            self._lock.release()
+
+    def upto(self, end: int) -> None:
+        """Hash up to *end*; every byte before it is written."""
+        with self._lock:
+            if self.frontier < end:
+                self._feed(self.frontier, end)
+                self.frontier = end
 
 
 class PartBuffers:

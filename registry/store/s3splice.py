@@ -7,7 +7,8 @@ cache; that second copy was most of what kept fetch behind s5cmd (bench/README.m
 s5cmd's lead is"). Here a ranged GET is sent on a kept-alive connection of our own, and its
 body goes socket → pipe → file with splice(2): the kernel hands the socket's pages to the
 pipe and copies them once, into the page cache at the part's offset, with no Python per byte
-(each call moves up to a pipe's worth, 1 MiB, with the GIL released).
+(each call moves up to a pipe's worth, 1 MiB, with the GIL released, once the socket has
+gathered GATHER_BYTES of it).
 
 Only the plain case is taken here: a 206 whose Content-Range and Content-Length are the
 bytes asked for. The URL is signed by obstore's store (the same credentials, endpoint and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import socket
 import struct
 import threading
@@ -39,6 +41,13 @@ from registry.store.ranges import pwrite_all
 
 PIPE_BYTES: Final = 1 << 20
 """What one splice moves at most (a pipe grown to 1 MiB, Linux's default pipe-max-size)."""
+GATHER_BYTES: Final = 512 << 10
+"""How much of a body the socket gathers before a splice moves it (SO_RCVLOWAT, waited for
+with poll): a splice moves what has arrived, ~70-450 KiB a call against a local server, and
+each call is a turn of Python and of the GIL between eight threads; waiting for half a pipe
+halved the calls and the context switches, and took ~10 % off the client's CPU
+(bench/README.md, fetch_s3.py 2026-12-06). A link that brings less than this in READ_TIMEOUT
+goes on through obstore, as a stalled one does."""
 HEAD_LIMIT: Final = 64 << 10
 """Response headers longer than this are not S3's: the attempt ends there."""
 CONNECT_TIMEOUT: Final = 10.0
@@ -239,11 +248,21 @@ class Splicer:
             connection.close()
             return 0, None
         done = 0
+        sock = connection.sock
+        waiting = select.poll()
+        waiting.register(sock, select.POLLIN)
+        asked = 1
         try:
             while done < end - start:
                 check_stop(stop)
                 try:
-                    moved = os.splice(connection.sock.fileno(), connection.write_end,
+                    want = min(GATHER_BYTES, end - start - done)
+                    if want != asked:  # never more than is left: the body's end wakes it
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                        asked = want
+                    if not waiting.poll(READ_TIMEOUT * 1000):
+                        raise TimeoutError
+                    moved = os.splice(sock.fileno(), connection.write_end,
                                       min(end - start - done, PIPE_BYTES))
                 except OSError:
                     moved = 0  # reset, or no byte for READ_TIMEOUT: the caller resumes
@@ -251,6 +270,8 @@ class Splicer:
                     connection.close()
                     return done, span[2]
                 done += self._to_file(connection, fd, start + done, moved, landed)
+            if asked != 1:  # the next answer's head is read with recv, which waits for it
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
         except BaseException:
             connection.close()
             raise

@@ -8,7 +8,8 @@
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
   the file at its offset (over plain http spliced there by the kernel, `registry.store.s3splice`;
   else in 1 MiB chunks), and the parts are hashed from the file's pages in order as they
-  complete, so verification overlaps the download and memory stays flat.
+  land (`registry.store.ranges.InOrderHash`), so verification overlaps the download and
+  memory stays flat.
   The GETs (blobs and manifests) go through obstore (`registry.store.s3get`: bytes move in Rust,
   not in Python socket reads); everything else goes through boto3 (`registry.store.s3bucket`),
   imported on the first such call, so a fetch whose credentials are in the environment
@@ -22,6 +23,7 @@ Only `registry.store.opener.open_store` imports this module, so boto3 stays off 
 from __future__ import annotations
 
 import base64
+import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -46,7 +48,7 @@ from registry.identity.layout import (
     s3_url,
 )
 from registry.store.base import BlobInfo, InFlight, ObjectInfo, Progress, sizes_of, write_verified
-from registry.store.ranges import hash_file_range, read_ranges, split
+from registry.store.ranges import InOrderHash, MappedHash, read_ranges, split
 from registry.store.s3upload import Uploader
 from registry.workers import Workers
 
@@ -60,9 +62,6 @@ DOWNLOAD_THREADS: Final = min(64, max(8, 4 * (os.cpu_count() or 2)))
 """Ranged GETs in flight for a whole fetch: each costs CPU in the client (2 vCPUs carried
 more with 8 than with 16 against a local server, bench/README.md), and one S3 connection
 carries ~100 MB/s, so a node with more cores keeps more in flight."""
-HASH_BUFFER: Final = 256 << 10
-"""What a blob's verification reads its file back in: small enough to stay in the CPU's
-cache between the read and the hash (bench/README.md, `verify_speed.py`)."""
 HEAD_AT_MOST: Final = 3
 """Per shard: up to this many wanted blobs are HEADed; more are found with one LIST."""
 
@@ -274,8 +273,11 @@ class S3Store:
         stop: threading.Event | None, digest: Digest,
     ) -> Digest:
         """Stream the object into *fd* with parallel ranged GETs on the shared readers and
-        return the xxh3-128 of what landed, hashed from the file's pages, in order, as the
-        parts complete."""
+        return the xxh3-128 of what landed, hashed from the file's pages in order: by the
+        part's own thread as its pieces land while every byte before them is hashed (still
+        in the CPU's cache; about half the bytes of a 2 GiB fetch), else once the part is
+        whole (`registry.store.ranges.InOrderHash`), through a mapping that never holds
+        more than RELEASE of the file (`MappedHash`)."""
 
         def fetch(start: int, end: int) -> None:
             written = 0
@@ -285,6 +287,7 @@ class S3Store:
                 if progress is not None:
                     progress(n)
                 written += n
+                hashed.landed(start, start + written)
 
             seen_total = self._reader.read_into(key, what, fd, (start, end), size=total,
                                                  stop=stop, landed=landed)
@@ -307,12 +310,12 @@ class S3Store:
         hasher = xxhash.xxh3_128()
         if total:
             os.ftruncate(fd, total)
-            buffer = bytearray(HASH_BUFFER)
-            read_ranges(
-                split(0, total, part), fetch,
-                lambda first, end: hash_file_range(fd, first, end, hasher, buffer),
-                pool=self._readers, window=self.download_threads,
-            )
+            with mmap.mmap(fd, total, access=mmap.ACCESS_READ) as region:
+                hashed = InOrderHash(MappedHash(region, hasher))
+                read_ranges(
+                    split(0, total, part), fetch, lambda _first, end: hashed.upto(end),
+                    pool=self._readers, window=self.download_threads,
+                )
         return Digest("xxh3-128", hasher.hexdigest())
 
     def read_back(self, key: str, algorithm: Algorithm) -> ReadBack:

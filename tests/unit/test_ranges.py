@@ -3,7 +3,10 @@ whatever the part, window and thread counts; a failure leaves no fetch running."
 
 from __future__ import annotations
 
+import itertools
+import mmap
 import os
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,8 +15,9 @@ import pytest
 import xxhash
 
 from registry.store.ranges import (
+    InOrderHash,
+    MappedHash,
     PartBuffers,
-    hash_file_range,
     pwrite_all,
     read_exactly_into,
     read_ranges,
@@ -113,19 +117,42 @@ def test_read_exactly_into_fills_the_buffer_or_says_the_file_is_short(tmp_path: 
         os.close(fd)
 
 
-@pytest.mark.parametrize("buffer_size", [1, 3, 7, 64])
-def test_hash_file_range_hashes_exactly_the_range_through_a_small_buffer(
-        tmp_path: Path, buffer_size: int) -> None:
-    data = bytes(range(50)) * 3
+@pytest.mark.parametrize("release", [mmap.PAGESIZE, 3 * mmap.PAGESIZE, 1 << 30])
+def test_mapped_hash_feeds_ranges_in_the_order_asked(tmp_path: Path, release: int) -> None:
+    data = os.urandom(5 * mmap.PAGESIZE + 123)
     path = tmp_path / "f"
     path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with path.open("rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as region:
         hasher = xxhash.xxh3_128()
-        hash_file_range(fd, 5, 40, hasher, bytearray(buffer_size))
-        hash_file_range(fd, 40, 150, hasher, bytearray(buffer_size))
-        assert hasher.hexdigest() == xxhash.xxh3_128(data[5:]).hexdigest()
-        with pytest.raises(OSError, match="ended at byte 150"):
-            hash_file_range(fd, 140, 160, xxhash.xxh3_128(), bytearray(buffer_size))
-    finally:
-        os.close(fd)
+        feed = MappedHash(region, hasher, release=release)
+        for start, end in split(0, len(data), 1000):
+            feed(start, end)
+    assert hasher.hexdigest() == xxhash.xxh3_128(data).hexdigest()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_in_order_hash_is_whole_whatever_order_the_pieces_land_in(seed: int) -> None:
+    """Pieces of parts land in any order between parts (in order within one, as a part's
+    GET writes them); `upto` in file order after each part makes the hash whole, and no
+    byte is fed twice or out of order."""
+    rng = random.Random(seed)
+    parts = split(0, 100, 17)
+    fed: list[tuple[int, int]] = []
+    hashed = InOrderHash(lambda start, end: fed.append((start, end)))
+    pieces = {part: [(part[0], end) for end in sorted(
+        {part[1], *rng.sample(range(part[0] + 1, part[1] + 1), 2)})] for part in parts}
+    whole = iter(parts)  # read_ranges calls upto in file order, once each part is whole
+    following = next(whole, None)
+    while following is not None:
+        landing = [part for part in parts if pieces[part]]
+        if landing and rng.random() < 0.8:
+            part = rng.choice(landing)
+            hashed.landed(*pieces[part].pop(0))
+        elif not pieces[following]:
+            hashed.upto(following[1])
+            following = next(whole, None)
+    assert fed[0][0] == 0
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(fed))
+    assert fed[-1][1] == 100
+    assert all(start < end for start, end in fed)
