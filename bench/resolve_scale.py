@@ -14,15 +14,22 @@ Seeds, with SQLAlchemy Core bulk inserts (lists of dicts) into the tables of
   joins the evidence row of the node's SKU);
 
 on SQLite (a file in a temp dir) and on PostgreSQL (a fresh schema, dropped afterwards, at
-$ENGINECTL_BENCH_POSTGRES_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/test),
-then calls `resolve(ctx, Request(model, gpu, gpu_count=8))` in this process for random
-models and GPUs, CALLS times after WARMUP calls, fresh after seeding and again after
-ANALYZE, and `resolve(..., explain=True)` (every status, what `enginectl resolve --explain`
-reads). Prints p50/p90/p99/max, the query plans, and where the time goes (cProfile).
+$ENGINECTL_BENCH_POSTGRES_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/test).
+Generating a million rows takes minutes, so the seeded rows are kept between runs (not with
+--quick): a SQLite file under the bench cache dir, copied into the temp dir for each run,
+and a PostgreSQL schema `bench_cache_…`, whose rows each run copies into its fresh schema
+with one INSERT … SELECT a table (what a bulk import leaves: rows and indexes, no planner
+statistics). Both are named after the row and model counts, `SEED_VERSION` and the schema
+head; `--reseed` makes them again. Then it calls
+`resolve(ctx, Request(model, gpu, gpu_count=8))` in this process for random models and
+GPUs, CALLS times after WARMUP calls, fresh after seeding and again after ANALYZE, and
+`resolve(..., explain=True)` (every status, what `enginectl resolve --explain` reads).
+Prints p50/p90/p99/max, the query plans, and where the time goes (cProfile).
 
-Target: p99 < 10 ms on both databases.
+Target: p99 < 5 ms on both databases, fresh and after ANALYZE; `explain=True` p99 < 10 ms.
 Run: `.venv/bin/python bench/resolve_scale.py [--rows N] [--models N] [--calls N]
-[--sqlite-only]` from the repository root (≈2 minutes; `--quick`: 300 rows of 3 models, 60
+[--sqlite-only] [--reseed]` from the repository root (≈2 minutes at 100,000 rows; the first
+run at a million rows ≈15 minutes, later ones ≈3; `--quick`: 300 rows of 3 models, 60
 calls, to check the script runs).
 """
 
@@ -35,6 +42,7 @@ import io
 import os
 import pstats
 import random
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,7 +51,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _support import add_quick, loadavg, log, machine, median, percentile, quick_mode, scratch
+from _support import (
+    CACHE,
+    add_quick,
+    loadavg,
+    log,
+    machine,
+    median,
+    percentile,
+    quick_mode,
+    scratch,
+)
 
 from registry.config import RegistryConfig
 from registry.context import Context
@@ -51,6 +69,7 @@ from registry.gpus import CATALOG
 from registry.ops.resolve import Request, resolve
 from registry.sql.db import open_registry
 from registry.sql.models import Artifact, ArtifactEvidence, SmokeReportRow
+from registry.sql.schema import HEAD
 
 POSTGRES_URL = os.environ.get(
     "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -58,7 +77,11 @@ POSTGRES_URL = os.environ.get(
 MODELS = 200
 """The default of --models."""
 WARMUP = 50
-TARGET_MS = 10.0
+TARGET_MS = 5.0
+EXPLAIN_TARGET_MS = 10.0
+SEED_VERSION = 1
+"""Part of the cached rows' name: raise it when `artifact_rows` or `smoke_rows` change."""
+SEEDED = ("artifacts", "smoke_reports", "artifact_evidence")
 GPUS = [gpu for gpu in CATALOG if not gpu.is_cpu]
 KINDS = (["trtllm-engine"] * 12 + ["trtllm-checkpoint"] * 2 + ["vllm"] * 2
          + ["hf-checkpoint", "quantized-checkpoint", "converted-checkpoint", "hf-checkpoint"])
@@ -156,6 +179,72 @@ def seed(url: str, count: int, models: int, rng: random.Random) -> tuple[int, in
     return len(artifacts), len(smoke), time.perf_counter() - start
 
 
+def cached_name(args: argparse.Namespace) -> str:
+    return f"resolve_r{args.rows}_m{args.models}_v{SEED_VERSION}_h{HEAD}"
+
+
+def sqlite_seeded(path: Path, args: argparse.Namespace) -> None:
+    """*path*: a SQLite registry with the bench's rows and no statistics; a copy of the
+    cached one (seeded first when there is none, or with --reseed)."""
+    if args.quick:
+        seed_and_say("SQLite", f"sqlite:///{path}", args)
+        return
+    cached = CACHE / "resolve-scale" / f"{cached_name(args)}.db"
+    if args.reseed or not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        building = cached.with_suffix(".building")
+        for leftover in building.parent.glob(building.name + "*"):
+            leftover.unlink()
+        seed_and_say("SQLite", f"sqlite:///{building}", args)  # closed: the WAL is merged
+        building.replace(cached)
+    start = time.perf_counter()
+    shutil.copyfile(cached, path)
+    log(f"SQLite: {cached} copied in {time.perf_counter() - start:.1f} s")
+
+
+def seed_and_say(name: str, url: str, args: argparse.Namespace) -> None:
+    rng = random.Random(1)  # noqa: S311 - reproducible test data, not secrets
+    artifacts, reports, seconds = seed(url, args.rows, args.models, rng)
+    print(f"{name}: seeded {artifacts} artifacts and {reports} smoke reports in "
+          f"{seconds:.1f} s (load {loadavg()})")
+
+
+def postgres_seeded(url: str, args: argparse.Namespace) -> None:
+    """The fresh schema *url* names, migrated, with the rows of the cached schema (seeded
+    first when there is none, or with --reseed) copied in: indexes, no statistics."""
+    if args.quick:
+        seed_and_say("PostgreSQL", url, args)
+        return
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    cached = f"bench_cache_{cached_name(args)}"
+    admin_url = make_url(POSTGRES_URL).set(drivername="postgresql")
+    with psycopg.connect(admin_url.render_as_string(hide_password=False), autocommit=True,
+                         connect_timeout=10) as admin:
+        present = admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                                (cached,)).fetchone()
+        if args.reseed or present is None:
+            building = f"{cached}_building"
+            admin.execute(f'DROP SCHEMA IF EXISTS "{building}" CASCADE')
+            admin.execute(f'CREATE SCHEMA "{building}"')
+            seed_and_say("PostgreSQL", make_url(POSTGRES_URL).update_query_dict(
+                {"options": f"-csearch_path={building}"}).render_as_string(hide_password=False),
+                args)
+            admin.execute(f'DROP SCHEMA IF EXISTS "{cached}" CASCADE')
+            admin.execute(f'ALTER SCHEMA "{building}" RENAME TO "{cached}"')
+    open_registry(url).close()  # migrates the fresh schema
+    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+    start = time.perf_counter()
+    with psycopg.connect(admin_url.render_as_string(hide_password=False),
+                         connect_timeout=10) as admin:
+        for table in SEEDED:
+            # names of our own making (SEEDED, the uuid schema, cached_name), no input
+            admin.execute(f'INSERT INTO "{schema}".{table} '  # noqa: S608
+                          f'SELECT * FROM "{cached}".{table}')
+    log(f"PostgreSQL: rows of {cached} copied in {time.perf_counter() - start:.1f} s")
+
+
 @contextmanager
 def postgres_schema() -> Iterator[str]:
     import psycopg
@@ -206,11 +295,11 @@ def latencies(call: Callable[[Request], object], batch: list[Request]) -> list[f
     return out
 
 
-def report(label: str, values: list[float]) -> tuple[str, float]:
+def report(label: str, values: list[float], target: float = TARGET_MS) -> tuple[str, float]:
     p99 = percentile(values, 99)
     print(f"  {label:<40} p50 {median(values):6.2f}  p90 {percentile(values, 90):6.2f}  "
           f"p99 {p99:6.2f}  max {max(values):6.2f} ms   "
-          f"{'meets' if p99 < TARGET_MS else 'MISSES'} p99 < {TARGET_MS:.0f} ms")
+          f"{'meets' if p99 < target else 'MISSES'} p99 < {target:.0f} ms  (load {loadavg()})")
     return label, p99
 
 
@@ -250,10 +339,7 @@ def profile(call: Callable[[Request], object], batch: list[Request]) -> None:
 
 
 def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tuple[str, float]]:
-    rng = random.Random(1)  # noqa: S311 - reproducible test data, not secrets
-    artifacts, reports, seconds = seed(url, args.rows, args.models, rng)
-    print(f"\n{name}: seeded {artifacts} artifacts and {reports} smoke reports in "
-          f"{seconds:.1f} s (load {loadavg()})")
+    print(f"\n{name} (load {loadavg()})")
     config = RegistryConfig(home=home, store_url=(home / "store").as_uri(),
                             s3_endpoint_url=None, registry_url=url, cache_dir=home / "cache")
     ctx = Context(config)
@@ -271,12 +357,17 @@ def bench(name: str, url: str, home: Path, args: argparse.Namespace) -> list[tup
         results.append(report("resolve, after ANALYZE",
                               latencies(lambda r: resolve(ctx, r), batch)))
         results.append(report("resolve(explain=True), after ANALYZE",
-                              latencies(lambda r: resolve(ctx, r, explain=True), batch)))
+                              latencies(lambda r: resolve(ctx, r, explain=True), batch),
+                              EXPLAIN_TARGET_MS))
         explain(ctx, model_name(min(7, args.models - 1)))
         profile(lambda r: resolve(ctx, r), batch[:200])
     finally:
         ctx.close()
     return [(f"{name}: {label}", p99) for label, p99 in results]
+
+
+def target_of(label: str) -> float:
+    return EXPLAIN_TARGET_MS if "explain" in label else TARGET_MS
 
 
 def main() -> None:
@@ -286,6 +377,8 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=MODELS,
                         help="models the rows are spread over (~500 rows a model: 2000 at 1M)")
     parser.add_argument("--sqlite-only", action="store_true")
+    parser.add_argument("--reseed", action="store_true",
+                        help="generate the rows again instead of reusing the cached ones")
     add_quick(parser)
     args = parser.parse_args()
     if quick_mode(args.quick):
@@ -297,15 +390,18 @@ def main() -> None:
           "calls; latency in ms per resolve() call, in process")
     results = []
     with scratch("enginectl-resolve-") as tmp:
+        sqlite_seeded(tmp / "registry.db", args)
         results += bench("SQLite", f"sqlite:///{tmp / 'registry.db'}", tmp, args)
         if not args.sqlite_only and not (args.quick and not postgres_answers()):
             log("PostgreSQL …")
             with postgres_schema() as url:
+                postgres_seeded(url, args)
                 results += bench("PostgreSQL", url, tmp, args)
     print()
     for label, p99 in results:
+        target = target_of(label)
         print(f"{label:<56} p99 {p99:6.2f} ms  "
-              f"{'meets' if p99 < TARGET_MS else 'MISSES'} < {TARGET_MS:.0f} ms")
+              f"{'meets' if p99 < target else 'MISSES'} < {target:.0f} ms")
 
 
 if __name__ == "__main__":
