@@ -19,8 +19,9 @@ Generating a million rows takes minutes, so the seeded rows are kept between run
 --quick): a SQLite file under the bench cache dir, copied into the temp dir for each run,
 and a PostgreSQL schema `bench_cache_…`, whose rows each run copies into its fresh schema
 with one INSERT … SELECT a table (what a bulk import leaves: rows and indexes, no planner
-statistics). Both are named after the row and model counts, `SEED_VERSION` and the schema
-head; `--reseed` makes them again. Then it calls
+statistics). Both are named after the row and model counts and `SEED_VERSION`, and
+migrated to the schema head by each run (a new index is built there); `--reseed` makes them
+again. Then it calls
 `resolve(ctx, Request(model, gpu, gpu_count=8))` in this process for random models and
 GPUs, CALLS times after WARMUP calls, fresh after seeding and again after ANALYZE, and
 `resolve(..., explain=True)` (every status, what `enginectl resolve --explain` reads).
@@ -69,7 +70,6 @@ from registry.gpus import CATALOG
 from registry.ops.resolve import Request, resolve
 from registry.sql.db import open_registry
 from registry.sql.models import Artifact, ArtifactEvidence, SmokeReportRow
-from registry.sql.schema import HEAD
 
 POSTGRES_URL = os.environ.get(
     "ENGINECTL_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -80,7 +80,8 @@ WARMUP = 50
 TARGET_MS = 5.0
 EXPLAIN_TARGET_MS = 10.0
 SEED_VERSION = 1
-"""Part of the cached rows' name: raise it when `artifact_rows` or `smoke_rows` change."""
+"""Part of the cached rows' name: raise it when `artifact_rows` or `smoke_rows` change, or
+a migration changes the columns of the seeded tables (`SEEDED`)."""
 SEEDED = ("artifacts", "smoke_reports", "artifact_evidence")
 GPUS = [gpu for gpu in CATALOG if not gpu.is_cpu]
 KINDS = (["trtllm-engine"] * 12 + ["trtllm-checkpoint"] * 2 + ["vllm"] * 2
@@ -180,7 +181,7 @@ def seed(url: str, count: int, models: int, rng: random.Random) -> tuple[int, in
 
 
 def cached_name(args: argparse.Namespace) -> str:
-    return f"resolve_r{args.rows}_m{args.models}_v{SEED_VERSION}_h{HEAD}"
+    return f"resolve_r{args.rows}_m{args.models}_v{SEED_VERSION}"
 
 
 def sqlite_seeded(path: Path, args: argparse.Namespace) -> None:
@@ -199,7 +200,8 @@ def sqlite_seeded(path: Path, args: argparse.Namespace) -> None:
         building.replace(cached)
     start = time.perf_counter()
     shutil.copyfile(cached, path)
-    log(f"SQLite: {cached} copied in {time.perf_counter() - start:.1f} s")
+    open_registry(f"sqlite:///{path}").close()  # migrated to the head, if behind
+    log(f"SQLite: {cached} copied and migrated in {time.perf_counter() - start:.1f} s")
 
 
 def seed_and_say(name: str, url: str, args: argparse.Namespace) -> None:

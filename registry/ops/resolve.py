@@ -223,7 +223,8 @@ def candidates_for(
     from registry.sql.evidence import gpus_proven, nearest, proofs_on
 
     query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
-    rows = session.execute(query, {"model": model, "gpu": gpu}).all()  # one fetchall
+    # on the session's connection: Core's execution alone, not the ORM's around it
+    rows = session.connection().execute(query, {"model": model, "gpu": gpu}).all()
     # an engine for another GPU (--explain reads them) has no proof on this one to look up
     proofs = proofs_on(session, {row[-1]: row[0] for row in rows
                                  if row[1] != "trtllm-engine" or row[5] == gpu}, gpu) \
@@ -245,27 +246,37 @@ def candidates_for(
 
 @functools.cache
 def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
-    from sqlalchemy import Table, and_, bindparam, or_, select
+    """`candidates_for`'s statement, built once (SQLAlchemy then reuses its compiled form).
+
+    Every column but the toolchain is in `ix_artifacts_resolve` (migration 0004), so the
+    rows are read from a few adjacent index pages, not from ~90 pages scattered over the
+    table. The two toolchain parts are only compared for an engine built for the node's SKU
+    (`rejection`), so only those rows are read, by primary key (a correlated subquery the
+    CASE evaluates for them alone); every other candidate's parts are None."""
+    from sqlalchemy import Table, and_, bindparam, case, or_, select
 
     from registry.sql.models import Artifact
 
     table: Table = Artifact.__table__  # type: ignore[assignment]
-    c = table.c
+    c, own = table.c, table.alias("own").c
+    on_node = and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))
+    parts = [case((on_node, select(own.toolchain[name].as_string())
+                   .where(own.id == c.id).scalar_subquery())) for name in ENGINE_TOOLCHAIN]
     query = select(
         # Candidate's fields, in order, up to toolchain, then pp, then the row id (proofs_on)
         c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
-        c.tp, c.max_batch_size, c.max_seq_len,
-        c.toolchain["trtllm"].as_string(), c.toolchain["tensorrt"].as_string(), c.pp, c.id,
+        c.tp, c.max_batch_size, c.max_seq_len, *parts, c.pp, c.id,
     ).where(c.model == bindparam("model"))
+    # kinds as equalities, not an IN list, which SQLAlchemy renders again on every call
+    servable = or_(*(c.kind == kind for kind in KIND_ORDER))
     if every_status:
-        return query.where(c.status != "deleted", c.kind.in_(KIND_ORDER))
+        return query.where(c.status != "deleted", servable)
     query = query.where(c.status == "ready")
     if not by_gpu:
-        return query.where(c.kind.in_(KIND_ORDER))
-    # Spelled so that both halves are index ranges on (model, status, kind, gpu).
-    others = [kind for kind in KIND_ORDER if kind != "trtllm-engine"]
-    return query.where(or_(c.kind.in_(others),
-                           and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))))
+        return query.where(servable)
+    # Spelled so that each part is an index range on (model, status, kind, gpu).
+    return query.where(or_(*(c.kind == kind for kind in KIND_ORDER if kind != "trtllm-engine"),
+                           on_node))
 
 
 def _with_evidence(session: Session, found: list[Candidate]) -> list[Candidate]:

@@ -61,17 +61,48 @@ def gpus_proven(session: Session, artifacts: Mapping[int, str]) -> dict[str, lis
     name, by digest: `evidence_for`'s rows by row id, one query per 500 (resolve's words)."""
     found: dict[str, list[str]] = {}
     ids = sorted(artifacts)
+    connection = session.connection()  # Core's execution alone, as in proofs_on
+    query = _gpus_query(connection.dialect.name == "postgresql")
     for first in range(0, len(ids), 500):  # bound the parameters of one statement
-        for artifact_id, gpu in session.execute(_gpus_query(), {"ids": ids[first:first + 500]}):
+        for artifact_id, gpu in connection.execute(query, {"ids": ids[first:first + 500]}):
             found.setdefault(artifacts[artifact_id], []).append(gpu)
     return found
 
 
 @functools.cache
-def _gpus_query() -> Select[Any]:
-    return (select(EvidenceRow.artifact_id, EvidenceRow.gpu)
-            .where(EvidenceRow.artifact_id.in_(bindparam("ids", expanding=True)))
-            .order_by(EvidenceRow.artifact_id, EvidenceRow.gpu))
+def _gpus_query(postgresql: bool) -> Select[Any]:
+    """`gpus_proven`'s statement; the ids as `_proofs_query` takes them: on PostgreSQL a
+    probe of the primary key per id whatever the statistics, on SQLite one JSON array."""
+    if not postgresql:
+        return (select(EvidenceRow.artifact_id, EvidenceRow.gpu)
+                .where(EvidenceRow.artifact_id.in_(_sqlite_ids()))
+                .order_by(EvidenceRow.artifact_id, EvidenceRow.gpu))
+    from sqlalchemy import true
+
+    wanted = _postgresql_ids()
+    probe = (select(EvidenceRow.artifact_id, EvidenceRow.gpu)
+             .where(EvidenceRow.artifact_id == wanted.c.id)
+             .offset(0)  # a fence, as in _proofs_query
+             .lateral("probe"))
+    return (select(probe.c.artifact_id, probe.c.gpu).select_from(wanted).join(probe, true())
+            .order_by(probe.c.artifact_id, probe.c.gpu))
+
+
+def _sqlite_ids() -> Select[Any]:
+    """The `ids` parameter (a list of row ids) as a subquery: one JSON array on SQLite."""
+    from sqlalchemy import JSON, func
+
+    each = func.json_each(bindparam("ids", type_=JSON)).table_valued("value")
+    return select(each.c.value)
+
+
+def _postgresql_ids() -> Any:
+    """The `ids` parameter (a list of row ids) as a table `wanted(id)`: one array."""
+    from sqlalchemy import Integer, func
+    from sqlalchemy.dialects.postgresql import ARRAY
+
+    return (func.unnest(bindparam("ids", type_=ARRAY(Integer))).table_valued("id")
+            .render_derived(name="wanted"))
 
 
 # --- the evidence resolve ranks by: the latest proof on the node's fingerprint, or the nearest
@@ -130,6 +161,9 @@ class Used:
         }
 
 
+NO_PROOF: Final = Used("none")
+
+
 def _branch(driver: str | None) -> str | None:
     return driver.split(".")[0] if driver else None
 
@@ -137,6 +171,8 @@ def _branch(driver: str | None) -> str | None:
 def nearest(proofs: list[Proof], kind: str, node: Mapping[str, Any]) -> Used:
     """The latest of *proofs* (passing reports on the node's SKU, oldest first) at the
     nearest match to *node*'s fingerprint (`Used`). Pure."""
+    if not proofs:  # most of resolve's rows
+        return NO_PROOF
     fields = MATCH_FIELDS.get(kind, FINGERPRINT_FIELDS)
     known = {name: str(node[name]) for name in fields if node.get(name)}
     best = Used("none")
@@ -160,9 +196,10 @@ def proofs_on(session: Session, artifacts: Mapping[int, str],
     database."""
     found: dict[str, list[Proof]] = {}
     ids = sorted(artifacts)
-    query = _proofs_query(session.get_bind().dialect.name == "postgresql")
+    connection = session.connection()  # Core's execution alone, not the ORM's around it
+    query = _proofs_query(connection.dialect.name == "postgresql")
     for first in range(0, len(ids), 500):  # bound the parameters of one statement
-        rows = session.execute(query, {"ids": ids[first:first + 500], "gpu": gpu})
+        rows = connection.execute(query, {"ids": ids[first:first + 500], "gpu": gpu})
         for artifact_id, at, tokens, *values in rows:
             found.setdefault(artifacts[artifact_id], []).append(
                 Proof(artifacts[artifact_id], gpu, at, tokens,
@@ -177,8 +214,10 @@ def _proofs_query(postgresql: bool) -> Select[Any]:
     On PostgreSQL a LATERAL subquery per wanted id: `artifact_id IN (…ids)` on a table not
     analysed yet (just after a bulk load) is estimated at 0.5 % of the table per id, and ~90
     ids made the planner scan all of smoke_reports (9 ms at 33,000 reports, ~100 at 337,000);
-    a lateral probe per id is an index scan on any statistics. SQLite plans the IN list as
-    index probes."""
+    a lateral probe per id is an index scan on any statistics. On SQLite the ids are one
+    JSON array (`json_each`), so the statement's text is the same for any number of ids
+    (prepared once; an expanding IN list is rendered and prepared again on every call),
+    each an index probe."""
     report, toolchain = SmokeReportRow.report, SmokeReportRow.toolchain
     fields = (SmokeReportRow.artifact_id, SmokeReportRow.created_at,
               report["best_output_tokens_per_s"].as_float(),
@@ -186,14 +225,11 @@ def _proofs_query(postgresql: bool) -> Select[Any]:
     passed_on = (SmokeReportRow.gpu == bindparam("gpu"), SmokeReportRow.passed.is_(True))
     if not postgresql:
         return (select(*fields)
-                .where(SmokeReportRow.artifact_id.in_(bindparam("ids", expanding=True)),
-                       *passed_on)
+                .where(SmokeReportRow.artifact_id.in_(_sqlite_ids()), *passed_on)
                 .order_by(SmokeReportRow.created_at, SmokeReportRow.id))
-    from sqlalchemy import Integer, func, true
-    from sqlalchemy.dialects.postgresql import ARRAY
+    from sqlalchemy import true
 
-    wanted = (func.unnest(bindparam("ids", type_=ARRAY(Integer))).table_valued("id")
-              .render_derived(name="wanted"))
+    wanted = _postgresql_ids()
     proof = (select(*(f.label(f"f{n}") for n, f in enumerate(fields)),
                     SmokeReportRow.id.label("report_id"))
              .where(SmokeReportRow.artifact_id == wanted.c.id, *passed_on)

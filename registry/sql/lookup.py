@@ -43,7 +43,7 @@ from registry.errors import (
 from registry.identity.refs import resolve_with
 from registry.sql.transient import unreachable
 
-HEAD: Final = "0003"
+HEAD: Final = "0004"
 """The Alembic revision of the newest schema (`registry.sql.schema` reads it from here, so
 that it is known without importing SQLAlchemy); tests check it against Alembic's own head."""
 

@@ -92,8 +92,10 @@ class Artifact(Base):
     __tablename__ = "artifacts"
     __table_args__ = (
         CheckConstraint(_one_of("status", ARTIFACT_STATUSES), name="status"),
-        # resolve: a model's ready artifacts of the servable kinds, engines for one GPU
-        Index("ix_artifacts_model_status_kind_gpu", "model", "status", "kind", "gpu"),
+        # resolve: a model's ready artifacts of the servable kinds, engines for one GPU, and
+        # the columns it ranks them by, so that it reads the index alone (migration 0004)
+        Index("ix_artifacts_resolve", "model", "status", "kind", "gpu", "created_at", "digest",
+              "quant", "kv_cache_dtype", "tp", "max_batch_size", "max_seq_len", "pp"),
         Index("ix_artifacts_gpu_status", "gpu", "status"),
     )
 
@@ -162,10 +164,12 @@ class StageRunRow(Base):
 
 class SmokeReportRow(Base):
     __tablename__ = "smoke_reports"
+    # resolve: its candidates' reports on the node's SKU (migration 0004)
+    __table_args__ = (Index("ix_smoke_reports_artifact_id_gpu", "artifact_id", "gpu"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     artifact_id: Mapped[int] = mapped_column(
-        Integer, ForeignKey("artifacts.id", ondelete="CASCADE"), index=True
+        Integer, ForeignKey("artifacts.id", ondelete="CASCADE")
     )
     passed: Mapped[bool] = mapped_column(Boolean)
     report: Mapped[dict[str, Any]] = mapped_column(JSON)
