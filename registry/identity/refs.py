@@ -10,8 +10,8 @@ as it parses the command line (`pipeline.cli.base.REF`), before anything is open
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, Protocol
 
 from registry.errors import RecordNotFoundError, UsageError, did_you_mean
 
@@ -78,16 +78,31 @@ def unknown_alias(what: str, name: str, known: Iterable[str]) -> RecordNotFoundE
                          "their aliases")
 
 
-def resolve_with(
-    ref: str, find_by_prefix: Callable[[str], list[str]], get_alias: Callable[[str], str | None],
-    alias_names: Callable[[], Iterable[str]] = tuple,
-) -> str:
-    """The rules of resolving a ref over any reader of the registry (`registry.sql.refs` reads
-    it with SQLAlchemy, `registry.sql.lookup` without); *alias_names* lists the aliases when
-    *ref* names none. UsageError for a ref of no known form (`check_ref`)."""
+class RefReader(Protocol):
+    """What resolving a ref reads of a registry. Two backends serve it: a session of the
+    ORM (`registry.sql.refs.SessionReader`) and the database driver alone
+    (`registry.sql.lookup.DriverReader`, on the fetch and pull path)."""
+
+    def find_by_prefix(self, hex_prefix: str) -> list[str]:
+        """The registered digests whose hex starts with *hex_prefix*, sorted."""
+        ...
+
+    def get_alias(self, name: str) -> str | None:
+        """The digest the alias *name* points at; None when there is no such alias."""
+        ...
+
+    def alias_names(self) -> list[str]:
+        """Every alias name (for "did you mean")."""
+        ...
+
+
+def resolve_with(ref: str, reader: RefReader) -> str:
+    """The rules of resolving a ref over either backend of the registry (`RefReader`); the
+    aliases are listed only when *ref* names none. UsageError for a ref of no known form
+    (`check_ref`), before the registry is asked anything."""
     if _HEX.match(check_ref(ref)):
         hex_part = ref.removeprefix("sha256:")
-        matches = find_by_prefix(hex_part)
+        matches = reader.find_by_prefix(hex_part)
         if len(matches) > 1:
             shown = ", ".join(m[:19] + "…" for m in matches[:5])
             raise UsageError(f"digest prefix {ref!r} is ambiguous: {shown}")
@@ -96,7 +111,7 @@ def resolve_with(
                 "artifact", ref, hint="`enginectl ls` lists what is registered"
             )
         return matches[0]
-    digest = get_alias(ref)
+    digest = reader.get_alias(ref)
     if digest is None:
-        raise unknown_alias("alias or artifact", ref, alias_names())
+        raise unknown_alias("alias or artifact", ref, reader.alias_names())
     return digest

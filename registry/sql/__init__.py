@@ -10,7 +10,9 @@
     alias_records, smoke_records, evidence, build_inputs (recipes, toolchains), nightly_runs
     leases, heartbeat, pending_publishes, gclock    rows with an expiry kept alive, and
                   the gc lock
-    lookup        what fetch and plan read on the database driver alone, without SQLAlchemy
+    lookup        what fetch and plan read on the database driver alone, without SQLAlchemy:
+                  `open_reader`, the driver's backend of the reads a session serves (refs)
+    sqlite_file   when a registry's SQLite file is damaged: the one check both roads make
     transient, resilient    which connection faults are retried and for how long; the
                   PostgreSQL connection that retries them (SQLAlchemy's pool and lookup's)
 

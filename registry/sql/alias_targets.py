@@ -5,13 +5,12 @@ the toolchain it was built with, and the toolchains of its passing smoke reports
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from registry.config import REGISTRY_RETRY_DEFAULT_S
-from registry.sql.lookup import HEAD, open_reader
+from registry.sql.lookup import HEAD, json_column, open_reader
 
 _TARGETS = (
     "SELECT e.id, e.digest, e.at, a.kind, a.status, a.toolchain, s.toolchain "
@@ -35,13 +34,6 @@ class Target:
     proofs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _json(value: Any) -> dict[str, Any]:
-    """A JSON column's value (SQLite: text; psycopg: the object); {} for NULL."""
-    if value is None:
-        return {}
-    return dict(json.loads(value) if isinstance(value, str | bytes) else value)
-
-
 def _when(value: Any) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
@@ -62,7 +54,7 @@ def alias_targets(url: str, name: str, *,
             if latest.setdefault(digest, event) != event:
                 continue  # an older move to the same digest: the same proofs again
             target = targets.setdefault(digest, Target(digest, _when(at), kind, status,
-                                                       _json(built)))
+                                                       json_column(built)))
             if proof is not None:
-                target.proofs.append(_json(proof))
+                target.proofs.append(json_column(proof))
         return list(targets.values())

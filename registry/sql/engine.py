@@ -23,7 +23,8 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
 from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
-from registry.errors import ConflictError, DamagedRegistryError, NoRegistryError, RegistryError
+from registry.errors import ConflictError, NoRegistryError, RegistryError
+from registry.sql.sqlite_file import damaged, refuse_empty
 from registry.sql.transient import unreachable
 
 SQLITE_BUSY_TIMEOUT_S: Final = 30
@@ -46,12 +47,13 @@ def translating(url: str) -> Iterator[None]:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise RegistryError(f"cannot use registry {url}: {detail}") from exc
     except DatabaseError as exc:  # SQLite: "file is not a database", "disk image is malformed"
-        lines = (str(exc.orig) if exc.orig else str(exc)).strip().splitlines()
-        first = lines[0] if lines else type(exc).__name__
         path = sqlite_file(make_url(url)) if url.startswith("sqlite") else None
-        if path is not None:
-            raise DamagedRegistryError(str(path), first) from exc
-        raise RegistryError(f"cannot use registry {url}: {first}") from exc
+        bad = damaged(path, exc.orig) if path is not None else None
+        if bad is not None:
+            raise bad from exc
+        lines = (str(exc.orig) if exc.orig else str(exc)).strip().splitlines()
+        raise RegistryError(f"cannot use registry {url}: "
+                            f"{lines[0] if lines else type(exc).__name__}") from exc
 
 
 def preparesqlite_file(path: Path) -> None:
@@ -62,8 +64,7 @@ def preparesqlite_file(path: Path) -> None:
         size = path.stat().st_size
     except FileNotFoundError:
         size = None
-    if size == 0:
-        raise DamagedRegistryError(str(path))
+    refuse_empty(path, size)
     if size is not None:
         return
     import sqlite3
@@ -183,8 +184,7 @@ def _readonly_sqlite_engine(parsed: URL, path: Path) -> Engine:
     except OSError as exc:
         raise RegistryError(f"cannot use registry {shown_url}: "
                             f"{exc.strerror or exc}") from exc
-    if size == 0:
-        raise DamagedRegistryError(str(path))
+    refuse_empty(path, size)
     uri = f"{path.absolute().as_uri()}?mode=ro"
 
     def connect() -> sqlite3.Connection:

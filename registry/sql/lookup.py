@@ -16,8 +16,11 @@ Reads only: nothing here creates or migrates a registry. A SQLite file that does
 or has no tables yet, is a registry with no artifacts (a plan builds everything; a full
 digest is fetched from the store alone), except that an alias or a digest prefix looked up
 in it is `NoRegistryError`, which names the command that creates one; a file that is empty
-(0 bytes), not a database, truncated or scrambled is `DamagedRegistryError`, as in
-`registry.sql.engine`.
+(0 bytes), not a database, truncated or scrambled is `DamagedRegistryError`, judged by
+`registry.sql.sqlite_file` as the ORM's road judges it.
+
+`open_reader` is the one driver-only road (`listing`, `warm_lookup`, `alias_targets` too);
+its `DriverReader` serves the reads a session serves (`registry.identity.refs.RefReader`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,12 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import (
-    DamagedRegistryError,
     NoRegistryError,
     RecordNotFoundError,
     RegistryError,
 )
 from registry.identity.refs import resolve_with
+from registry.sql.sqlite_file import damaged, refuse_empty
 from registry.sql.transient import unreachable
 
 HEAD: Final = "0004"
@@ -62,10 +65,9 @@ def lookup(url: str, ref: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> 
 
     RecordNotFoundError / UsageError as `registry.sql.refs.resolve_ref` raises them;
     NoRegistryError for an alias or a prefix when there is no registry at *url*."""
-    with _reader(url, retry_s) as reader:
+    with open_reader(url, retry_s) as reader:
         try:
-            digest = resolve_with(ref, reader.find_by_prefix, reader.get_alias,
-                                  reader.alias_names)
+            digest = resolve_with(ref, reader)
         except RecordNotFoundError as exc:
             full = re.fullmatch(r"sha256:[0-9a-f]{64}", ref) is not None
             if reader.absent is None or full:  # a full digest may still be in the store
@@ -90,13 +92,13 @@ def built_keys(url: str, keys: set[str]) -> set[str]:
     """Which of *keys* are done in the registry at *url*: mapped to a reusable artifact (not
     deleted or quarantined, as `records.find_by_keys` decides), or, for a smoke run, which
     makes no artifact of its own, passed on an artifact that is ready."""
-    with _reader(url) as reader:
+    with open_reader(url) as reader:
         return reader.built_keys(keys)
 
 
 def last_toolchain(url: str, pool: str) -> Probed | None:
     """The newest toolchain recorded for *pool* in the registry at *url*, if any."""
-    with _reader(url) as reader:
+    with open_reader(url) as reader:
         return reader.last_toolchain(pool)
 
 
@@ -104,7 +106,7 @@ def recorded_pools(url: str) -> list[Probed]:
     """What `plan` picks each target's fingerprint from, in the registry at *url*: every
     pool's last probing (each node a Ray build probed together, with one time) and each host
     pool's newest probe of every GPU it has reported, newest first; [] without a registry."""
-    with _reader(url) as reader:
+    with open_reader(url) as reader:
         return reader.recorded_pools()
 
 
@@ -149,7 +151,7 @@ def build_state(url: str, keys: set[str], *, recipe: str, pool: str, name: str =
     connection (`records.find_by_keys`, `leases.get_stage_runs`, `build_inputs`'
     `recorded_recipes` and `toolchain_history`, and `alias_records.get_alias`, all in
     `registry.sql`, answer the same through the ORM)."""
-    with _reader(url) as reader:
+    with open_reader(url) as reader:
         if reader.revision() != HEAD:
             return BuildState(current=False)
         latest = reader.rows("SELECT digest, path FROM recipes WHERE name = ? AND path IS NOT "
@@ -168,8 +170,11 @@ def build_state(url: str, keys: set[str], *, recipe: str, pool: str, name: str =
             aliases=pointed, probe=reader.last_toolchain(pool))
 
 
-def _json(value: Any) -> dict[str, Any]:
-    """A JSON column's value: SQLite keeps JSON as text, psycopg hands back the object."""
+def json_column(value: Any) -> dict[str, Any]:
+    """A JSON column's value: SQLite keeps JSON as text, psycopg hands back the object; {}
+    for NULL."""
+    if value is None:
+        return {}
     return dict(json.loads(value) if isinstance(value, str | bytes) else value)
 
 
@@ -183,9 +188,11 @@ def _seconds(started: Any, finished: Any) -> float | None:
     return seconds
 
 
-class _Reader:
-    """Three SELECTs over a DB-API connection; *connection* is None for a registry with no
-    tables yet (nothing is registered): *absent* then says why ("file" or "tables")."""
+class DriverReader:
+    """The registry's reads over a DB-API connection (sqlite3 or psycopg): what fetch, plan
+    and a no-op build ask, and `registry.identity.refs.RefReader`; *connection* is None for
+    a registry with no tables yet (nothing is registered): *absent* then says why ("file" or
+    "tables")."""
 
     def __init__(self, connection: Any, placeholder: str, absent: str | None = None) -> None:
         self._connection = connection
@@ -257,7 +264,7 @@ class _Reader:
         if not rows:
             return None
         fingerprint, host, probed_at = rows[0]
-        return Probed(_json(fingerprint), host, str(probed_at), pool)
+        return Probed(json_column(fingerprint), host, str(probed_at), pool)
 
     def recorded_pools(self) -> list[Probed]:
         if self._connection is None or not self._has_table("toolchains"):
@@ -272,7 +279,7 @@ class _Reader:
         for sql, values in ((rounds, ()), (per_gpu, ("host:%",))):
             found.update((row[0], row) for row in self.rows(sql, *values))
         ordered = sorted(found.values(), key=lambda row: (str(row[5]), row[0]), reverse=True)
-        return [Probed(_json(fingerprint), str(host), str(probed_at), str(pool), str(gpu),
+        return [Probed(json_column(fingerprint), str(host), str(probed_at), str(pool), str(gpu),
                        node_id)
                 for _, pool, gpu, fingerprint, host, probed_at, node_id in ordered]
 
@@ -305,7 +312,10 @@ class _Reader:
 
 
 @contextmanager
-def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Reader]:
+def open_reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[DriverReader]:
+    """The registry at *url* read on its database driver alone, for every driver-only read
+    (this module's, `listing`, `warm_lookup`, `alias_targets`); a driver error comes out as
+    enginectl's (unreachable, damaged, or `RegistryError` in one line)."""
     scheme = url.split("://", 1)[0].split("+", 1)[0]
     opener: Callable[[str], AbstractContextManager[Any]]
     driver_error: type[Exception]
@@ -325,28 +335,17 @@ def _reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator[_Re
         )
     try:
         with opener(url) as (connection, absent):
-            yield _Reader(connection, placeholder, absent)
+            yield DriverReader(connection, placeholder, absent)
     except driver_error as exc:
         lost = unreachable(masked_url(url), exc)
         if lost is not None:
             raise lost from exc
         lines = str(exc).strip().splitlines()
         detail = lines[0] if lines else type(exc).__name__
-        if scheme == "sqlite" and _damaged(exc):
-            raise DamagedRegistryError(str(_sqlite_path(url)), detail) from exc
+        bad = damaged(_sqlite_path(url), exc) if scheme == "sqlite" else None
+        if bad is not None:
+            raise bad from exc
         raise RegistryError(f"cannot use registry {masked_url(url)}: {detail}") from exc
-
-
-open_reader = _reader  # for the other driver-only reads (`warm_lookup`, `alias_targets`)
-json_column = _json
-
-
-def _damaged(exc: Exception) -> bool:
-    """A sqlite3 error that says the file itself is bad (not a lock or a missing file)."""
-    import sqlite3
-
-    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
-        exc, sqlite3.OperationalError | sqlite3.IntegrityError)
 
 
 @contextmanager
@@ -360,8 +359,7 @@ def _sqlite(url: str) -> Iterator[tuple[Any, str | None]]:
     if not file.is_file():
         yield None, "file"
         return
-    if file.stat().st_size == 0:
-        raise DamagedRegistryError(str(file))
+    refuse_empty(file, file.stat().st_size)
     uri = f"{file.absolute().as_uri()}?mode=ro"
     with closing(sqlite3.connect(uri, uri=True, timeout=30)) as connection:
         tables = {row[0] for row in connection.execute(

@@ -11,13 +11,29 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 
+class SessionReader:
+    """`registry.identity.refs.RefReader` over a session of the ORM."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def find_by_prefix(self, hex_prefix: str) -> list[str]:
+        from registry.sql.records import find_by_prefix
+
+        return find_by_prefix(self.session, hex_prefix)
+
+    def get_alias(self, name: str) -> str | None:
+        from registry.sql.alias_records import get_alias
+
+        return get_alias(self.session, name)
+
+    def alias_names(self) -> list[str]:
+        return alias_names(self.session)
+
+
 def resolve_ref(session: Session, ref: str) -> str:
     """The full digest *ref* names, or RecordNotFoundError / UsageError."""
-    from registry.sql import alias_records, records
-
-    return resolve_with(ref, lambda prefix: records.find_by_prefix(session, prefix),
-                        lambda name: alias_records.get_alias(session, name),
-                        lambda: alias_names(session))
+    return resolve_with(ref, SessionReader(session))
 
 
 def alias_names(session: Session) -> list[str]:

@@ -41,8 +41,15 @@ def test_anything_else_is_a_usage_error_naming_the_forms(ref: str, why: str) -> 
 
 
 def test_resolving_parses_first_and_asks_the_registry_nothing() -> None:
-    def never(_name: str) -> None:
-        raise AssertionError("the registry was asked")
+    class Never:
+        def find_by_prefix(self, _hex_prefix: str) -> list[str]:
+            raise AssertionError("the registry was asked")
+
+        def get_alias(self, _name: str) -> str | None:
+            raise AssertionError("the registry was asked")
+
+        def alias_names(self) -> list[str]:
+            raise AssertionError("the registry was asked")
 
     with pytest.raises(UsageError):
-        resolve_with("!!@@##", never, never)  # type: ignore[arg-type]
+        resolve_with("!!@@##", Never())
