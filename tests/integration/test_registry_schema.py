@@ -160,3 +160,52 @@ def test_migrating_from_0002_keeps_runs_and_allows_cancelled_runs(registry_url: 
             session.execute(insert_run, {**row, "key": "k1:" + "b" * 64, "status": "cancelled"})
         with pytest.raises(ConflictError), registry.session() as session:
             session.execute(insert_run, {**row, "key": "k1:" + "c" * 64, "status": "bogus"})
+
+
+def test_migrating_from_0003_gives_resolve_its_indexes_and_keeps_its_answer(
+    registry_url: str,
+) -> None:
+    """0004 swaps resolve's indexes (artifacts, smoke_reports) for ones that hold what it
+    reads: the rows written at 0003 stay, resolve reads them as before, and the old indexes
+    are gone."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import inspect
+    from sqlalchemy.orm import Session
+
+    from registry.ops.resolve import candidates_for
+    from registry.sql.schema import migrations_dir
+
+    record = make_record("engine", status="ready")
+    engine = make_engine(registry_url)
+    try:
+        with engine.begin() as connection:
+            config = Config()
+            config.set_main_option("script_location", str(migrations_dir()))
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0003")
+        with Session(engine) as session, session.begin():  # 0003's columns are the head's
+            records.add_artifact(session, record)
+            smoke_records.add_smoke_report(session, record.digest, True,
+                                           {"best_output_tokens_per_s": 300.0},
+                                           gpu=record.gpu, toolchain={"trtllm": "0.17.0"})
+    finally:
+        engine.dispose()
+    assert current(registry_url) == "0003"
+    assert upgrade(registry_url) == head_revision()
+    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
+        found = candidates_for(session, record.model, every_status=False, gpu=record.gpu,
+                               node={"trtllm": "0.17.0"})
+    assert [(c.digest, c.proven, c.tokens_per_s, c.toolchain["trtllm"]) for c in found] \
+        == [(record.digest, True, 300.0, "0.17.0")]
+    engine = make_engine(registry_url)
+    try:
+        inspector = inspect(engine)
+        artifacts = {index["name"] for index in inspector.get_indexes("artifacts")}
+        reports = {index["name"] for index in inspector.get_indexes("smoke_reports")}
+    finally:
+        engine.dispose()
+    assert "ix_artifacts_resolve" in artifacts
+    assert "ix_artifacts_model_status_kind_gpu" not in artifacts
+    assert "ix_smoke_reports_artifact_id_gpu" in reports
+    assert "ix_smoke_reports_artifact_id" not in reports
