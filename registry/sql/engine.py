@@ -2,7 +2,7 @@
 
 `make_engine(url)`: psycopg 3 for `postgresql://`; SQLite in WAL mode with a 30 s busy timeout,
 foreign keys on and `BEGIN IMMEDIATE` for every write transaction, its file created whole
-(`preparesqlite_file`), or opened with `mode=ro` when *readonly*. `translating(url)` turns
+(`prepare_sqlite_file`), or opened with `mode=ro` when *readonly*. `translating(url)` turns
 `IntegrityError` into `ConflictError`, `OperationalError` into `RegistryError` (a connection
 fault that outlasted its retries into `LeaseLostError` or `RegistryUnreachableError`) and a SQLite
 file that is not a database into `DamagedRegistryError`. How a registry is opened on top of
@@ -56,7 +56,7 @@ def translating(url: str) -> Iterator[None]:
                             f"{lines[0] if lines else type(exc).__name__}") from exc
 
 
-def preparesqlite_file(path: Path) -> None:
+def prepare_sqlite_file(path: Path) -> None:
     """Refuse an empty file (DamagedRegistryError); create a missing one whole, so that no
     process ever sees a registry file of ours empty (sqlite3 would create it empty and
     write its header only later)."""
@@ -165,7 +165,7 @@ def make_engine(url: str, *, readonly: bool = False,
             raise RegistryError(f"registry {shown_url} is not a SQLite file: nothing to read")
         return _readonly_sqlite_engine(parsed, path)
     if path is not None:
-        preparesqlite_file(path)
+        prepare_sqlite_file(path)
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
