@@ -1,8 +1,8 @@
 """ls and show: what the registry holds, with aliases, provenance and smoke reports.
 
-`ls` reads a registry at the schema head on the database driver alone
-(`registry.sql.listing`), so it never imports SQLAlchemy; any other registry (none yet,
-behind, newer) goes the ORM's way, which answers or refuses it. `show` reads through the ORM.
+`ls` reads on the database driver alone (`registry.sql.listing`), so it never imports
+SQLAlchemy; a registry not at the schema head is refused as opening it for reading refuses
+it. `show` reads through the ORM.
 """
 
 from __future__ import annotations
@@ -57,28 +57,12 @@ def ls(ctx: Context, **filters: str | None) -> list[dict[str, Any]]:
     if not _configured(ctx):  # as opening the registry checks it (`Context.registry`)
         check_directory(ctx.config.home, what="enginectl's home", variable="ENGINECTL_HOME")
     try:
-        found = listed_artifacts(ctx.config.registry_url, retry_s=ctx.config.registry_retry_s,
-                                 **filters)
+        return listed_artifacts(ctx.config.registry_url, retry_s=ctx.config.registry_retry_s,
+                                **filters)
     except NoRegistryError as exc:
         if _not_made_yet(ctx, exc):
             return []
         raise
-    if found is not None:
-        return found
-    from registry.sql import alias_records, records
-    from registry.sql.evidence import evidence_for
-
-    try:
-        ctx.registry  # noqa: B018 - opening it says whether there is one
-    except NoRegistryError as exc:
-        if _not_made_yet(ctx, exc):
-            return []
-        raise
-    with ctx.registry.session(readonly=True) as session:
-        listed = records.list_artifacts(session, **filters)
-        evidence = evidence_for(session, [r.digest for r in listed])
-        return [artifact_dict(r, alias_records.aliases_for(session, r.digest))
-                | {"evidence": _evidence(evidence[r.digest])} for r in listed]
 
 
 def show(ctx: Context, ref: str) -> dict[str, Any]:

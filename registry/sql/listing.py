@@ -6,8 +6,8 @@ command's whole answer, so neither imports it.
 (`records.list_artifacts`, `evidence.evidence_for` and `alias_records.aliases_for`; a test
 compares the two): the artifacts matching the filters, oldest first, each as a dict of its
 row with its aliases and the GPUs it passed a smoke run on. It reads only a registry at the
-schema head (`lookup.HEAD`) and returns None for any other (no tables, behind or newer),
-which the ORM's path opens and answers or refuses in its own words.
+schema head (`lookup.HEAD`) and refuses any other (`refuse_unless_head`) in the words and
+errors that opening it for reading through the ORM uses (`registry.sql.db`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import NoRegistryError
-from registry.sql.lookup import HEAD, json_column, open_reader
+from registry.sql.lookup import HEAD, DriverReader, json_column, open_reader
 
 COLUMNS: Final = (
     "digest", "kind", "model", "size", "file_count", "status", "key", "runtime", "gpu", "sm",
@@ -49,17 +49,29 @@ def schema_revision(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> s
         return reader.revision()
 
 
+def refuse_unless_head(reader: DriverReader, url: str) -> None:
+    """Refuse the registry *reader* reads unless it is at the schema head, as
+    `registry.sql.db.open_registry(readonly=True)` does: `NoRegistryError` when there is
+    none (no SQLite file: *missing*; no tables or no revision), `SchemaError` when it is
+    behind or newer (Alembic, a slow import, is loaded only then, to tell which)."""
+    if reader.absent is not None:
+        raise NoRegistryError(masked_url(url), missing=reader.absent == "file")
+    revision = reader.revision()
+    if revision == HEAD:
+        return
+    if revision is None:
+        raise NoRegistryError(masked_url(url), missing=False)
+    from registry.sql.schema import schema_error, schema_state
+
+    raise schema_error(revision, schema_state(revision), masked_url(url))
+
+
 def listed_artifacts(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S,
-                     alias: str | None = None,
-                     **filters: str | None) -> list[dict[str, Any]] | None:
+                     alias: str | None = None, **filters: str | None) -> list[dict[str, Any]]:
     """`inventory.ls`'s rows (module doc) for *filters* (model, gpu, kind, quant, status) and
-    *alias*, or None when the registry is not at the schema head; `NoRegistryError` when
-    its SQLite file does not exist."""
+    *alias*; a registry not at the schema head is refused (`refuse_unless_head`)."""
     with open_reader(url, retry_s) as reader:
-        if reader.absent == "file":
-            raise NoRegistryError(masked_url(url), missing=True)
-        if reader.revision() != HEAD:
-            return None
+        refuse_unless_head(reader, url)
         where = [f"a.{name} = ?" for name in _FILTERS if filters.get(name) is not None]
         values = [str(filters[name]) for name in _FILTERS if filters.get(name) is not None]
         join = ""

@@ -71,5 +71,7 @@ def test_no_registry_file_is_said_and_created_by_nothing(tmp_path: Path) -> None
 
 
 def test_an_empty_postgres_schema_has_no_revision(postgres_url: str) -> None:
-    assert listed_artifacts(postgres_url) is None  # the ORM's path says what is missing
+    with pytest.raises(NoRegistryError) as raised:  # as opening it for reading says
+        listed_artifacts(postgres_url)
+    assert not raised.value.missing
     assert schema_revision(postgres_url) is None
