@@ -58,10 +58,12 @@ if TYPE_CHECKING:
     from registry.store.s3get import RangeReader
 
 MiB: Final = 1 << 20
-DOWNLOAD_THREADS: Final = min(64, max(8, 4 * (os.cpu_count() or 2)))
-"""Ranged GETs in flight for a whole fetch: each costs CPU in the client (2 vCPUs carried
-more with 8 than with 16 against a local server, bench/README.md), and one S3 connection
-carries ~100 MB/s, so a node with more cores keeps more in flight."""
+DOWNLOAD_THREADS: Final = min(64, 12 * (os.cpu_count() or 2))
+"""Ranged GETs in flight for a whole fetch. Since the bodies are spliced in 512 KiB steps a
+GET in flight costs the client next to nothing while it waits, and more of them cost the
+server less: on 2 vCPUs against s3rver, 24 took less client and server CPU than 8 and 16 and
+kept up with s5cmd, which keeps up to 40 in flight (bench/README.md, 2026-12-06); one S3
+connection carries ~100 MB/s, so a node with more cores keeps more in flight."""
 HEAD_AT_MOST: Final = 3
 """Per shard: up to this many wanted blobs are HEADed; more are found with one LIST."""
 
