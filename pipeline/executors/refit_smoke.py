@@ -33,7 +33,8 @@ from pipeline.serving.checks import Check
 from pipeline.serving.smoke import SmokeReport, measure
 from pipeline.serving.verdict import SmokeJob, agreement, answers_to, run_smoke
 from pipeline.stages.refit import REFIT_DIR, RefitError, is_stripped, refit, whole_argv
-from registry.sql.refit_evidence import KIND, equivalence_for, held_back
+from registry.sql.refit_evidence import equivalence_for
+from registry.sql.refit_verdict import KIND, held_back
 from registry.tokenizer import TOKENIZER_DIR
 
 if TYPE_CHECKING:

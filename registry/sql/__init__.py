@@ -12,6 +12,9 @@
                   the gc lock
     lookup        what fetch and plan read on the database driver alone, without SQLAlchemy:
                   `open_reader`, the driver's backend of the reads a session serves (refs)
+    listing, showing    what `ls`, `info` and `show` read on that reader
+    alias_pins, refit_verdict    whether a rollback pins an alias, whether refit evidence
+                  holds: pure decisions both roads share
     sqlite_file   when a registry's SQLite file is damaged: the one check both roads make
     transient, resilient    which connection faults are retried and for how long; the
                   PostgreSQL connection that retries them (SQLAlchemy's pool and lookup's)
@@ -20,6 +23,7 @@ Functions over a session (or a connection): none holds a `Context` or touches th
 what writes the store and SQL together (history records, tag and rollback, a publish's
 blobs in flight, a stage run's log) is `registry.ops`. May import `registry.errors`,
 `registry.identity`, `registry.config` and the small top-level helpers (filelock, workers).
-Never `registry.store`, `registry.context`, `registry.ops` or `pipeline`. `lookup` imports
-no SQLAlchemy, and importing this package imports nothing.
+Never `registry.store`, `registry.context`, `registry.ops` or `pipeline`. `lookup`, `listing`,
+`showing`, `alias_pins` and `refit_verdict` import no SQLAlchemy, and importing this
+package imports nothing.
 """

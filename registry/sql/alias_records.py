@@ -1,12 +1,12 @@
 """Aliases in SQL: where each name points now, and every move it made (what `rollback`,
 `gc`'s keep rules and `alias history` read). The store half, and the one call that writes
 both, is `registry.ops.history`; the checks a user's tag goes through are `registry.ops.aliases`.
-A rollback pins its alias (`pinned_by_rollback`), read from the same history.
+A rollback pins its alias (`pinned_by_rollback`, decided by `registry.sql.alias_pins`), read
+from the same history.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,20 +14,10 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from registry.errors import ConflictError, RecordNotFoundError
+from registry.sql.alias_pins import AliasEvent, Pin, rollback_pin
 from registry.sql.models import Alias, AliasEventRow, utcnow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
-
-
-@dataclass(frozen=True, slots=True)
-class AliasEvent:
-    name: str
-    digest: str | None
-    """None when the alias was removed."""
-    previous_digest: str | None
-    at: datetime
-    note: str | None
-    details: dict[str, Any] | None = None
 
 
 def aliased_in_history(session: Session, keep_superseded: int | None = None) -> set[str]:
@@ -124,34 +114,7 @@ def alias_history(session: Session, name: str) -> list[AliasEvent]:
     return [AliasEvent(*row) for row in session.execute(query)]
 
 
-@dataclass(frozen=True, slots=True)
-class Pin:
-    """An alias held where a rollback put it: *to_digest*, away from *from_digest*."""
-
-    alias: str
-    from_digest: str
-    to_digest: str
-    at: datetime
-    note: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"alias": self.alias, "from": self.from_digest, "to": self.to_digest,
-                "at": self.at.isoformat(), "note": self.note}
-
-    def describe(self) -> str:
-        """`pinned by a rollback at 2026-12-02T… from sha256:…: TTFT regression`"""
-        return (f"pinned by a rollback at {self.at.isoformat(timespec='seconds')} from "
-                f"{self.from_digest[:19]}…" + (f": {self.note}" if self.note else ""))
-
-
 def pinned_by_rollback(session: Session, alias: str) -> Pin | None:
-    """The rollback that pins *alias* (module doc): its last move, when that move was a
-    `rollback` and the alias still points where it put it; None otherwise."""
+    """The rollback that pins *alias* (`registry.sql.alias_pins.rollback_pin` decides)."""
     moves = alias_history(session, alias)
-    last = moves[-1] if moves else None
-    if last is None or last.digest is None or not (last.details or {}).get("rollback"):
-        return None
-    left = (last.details or {}).get("from") or last.previous_digest
-    if not isinstance(left, str) or get_alias(session, alias) != last.digest:
-        return None
-    return Pin(alias, left, last.digest, last.at, last.note)
+    return rollback_pin(alias, moves[-1] if moves else None, get_alias(session, alias))

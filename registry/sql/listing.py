@@ -29,17 +29,21 @@ COLUMNS: Final = (
 
 _JSON: Final = frozenset({"toolchain", "labels"})
 _TIMES: Final = frozenset({"created_at", "updated_at"})
-_FILTERS: Final = ("model", "gpu", "kind", "quant", "status")
+_FILTERS: Final = ("model", "gpu", "kind", "quant", "status", "digest")
+
+
+def utc_time(value: Any) -> datetime:
+    """A timestamp column's value as `UTCDateTime` returns it (aware, UTC): SQLite keeps
+    naive UTC text, psycopg hands back an aware datetime."""
+    found = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if not isinstance(found, datetime):
+        raise TypeError(f"not a timestamp: {value!r}")
+    return found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
 
 
 def utc_text(value: Any) -> str | None:
-    """A timestamp column as `UTCDateTime` returns it, in ISO form: SQLite keeps naive UTC
-    text, psycopg hands back an aware datetime."""
-    if value is None:
-        return None
-    found = datetime.fromisoformat(value) if isinstance(value, str) else value
-    found = found.replace(tzinfo=UTC) if found.tzinfo is None else found.astimezone(UTC)
-    return found.isoformat()
+    """A timestamp column in ISO form (`utc_time`), None for NULL."""
+    return None if value is None else utc_time(value).isoformat()
 
 
 def schema_revision(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> str | None:
@@ -72,36 +76,43 @@ def listed_artifacts(url: str, *, retry_s: float = REGISTRY_RETRY_DEFAULT_S,
     *alias*; a registry not at the schema head is refused (`refuse_unless_head`)."""
     with open_reader(url, retry_s) as reader:
         refuse_unless_head(reader, url)
-        where = [f"a.{name} = ?" for name in _FILTERS if filters.get(name) is not None]
-        values = [str(filters[name]) for name in _FILTERS if filters.get(name) is not None]
-        join = ""
-        if alias is not None:
-            join = " JOIN aliases n ON n.digest = a.digest"
-            where.append("n.name = ?")
-            values.append(alias)
-        # only column names and "?" marks are formatted in, never a value
-        sql = (f"SELECT {', '.join('a.' + name for name in COLUMNS)} FROM artifacts a"  # noqa: S608
-               f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} "
-               "ORDER BY a.created_at, a.id")
-        rows = reader.rows(sql, *values)
-        if not rows:
-            return []
-        digests = sorted({str(row[0]) for row in rows})
-        names: dict[str, list[str]] = {}
-        proofs: dict[str, list[dict[str, Any]]] = {}
-        for first in range(0, len(digests), 500):  # bound the parameters of one statement
-            chunk = digests[first:first + 500]
-            marks = ", ".join("?" * len(chunk))
-            for name, digest in reader.rows(
-                    f"SELECT name, digest FROM aliases WHERE digest IN ({marks})",  # noqa: S608
-                    *chunk):
-                names.setdefault(str(digest), []).append(str(name))
-            for digest, gpu, best, passed_at in reader.rows(
-                    "SELECT a.digest, e.gpu, e.best_tokens_per_s, e.passed_at FROM "  # noqa: S608
-                    "artifact_evidence e JOIN artifacts a ON a.id = e.artifact_id WHERE "
-                    f"a.digest IN ({marks}) ORDER BY a.digest, e.gpu", *chunk):
-                proofs.setdefault(str(digest), []).append(
-                    {"gpu": gpu, "best_tokens_per_s": best, "passed_at": utc_text(passed_at)})
+        return listed_rows(reader, alias=alias, **filters)
+
+
+def listed_rows(reader: DriverReader, *, alias: str | None = None,
+                **filters: str | None) -> list[dict[str, Any]]:
+    """`listed_artifacts` on an open *reader* (at the head); *filters* may also name one
+    `digest` (what `show` reads, `registry.sql.showing`)."""
+    where = [f"a.{name} = ?" for name in _FILTERS if filters.get(name) is not None]
+    values = [str(filters[name]) for name in _FILTERS if filters.get(name) is not None]
+    join = ""
+    if alias is not None:
+        join = " JOIN aliases n ON n.digest = a.digest"
+        where.append("n.name = ?")
+        values.append(alias)
+    # only column names and "?" marks are formatted in, never a value
+    sql = (f"SELECT {', '.join('a.' + name for name in COLUMNS)} FROM artifacts a"  # noqa: S608
+           f"{join}{' WHERE ' + ' AND '.join(where) if where else ''} "
+           "ORDER BY a.created_at, a.id")
+    rows = reader.rows(sql, *values)
+    if not rows:
+        return []
+    digests = sorted({str(row[0]) for row in rows})
+    names: dict[str, list[str]] = {}
+    proofs: dict[str, list[dict[str, Any]]] = {}
+    for first in range(0, len(digests), 500):  # bound the parameters of one statement
+        chunk = digests[first:first + 500]
+        marks = ", ".join("?" * len(chunk))
+        for name, digest in reader.rows(
+                f"SELECT name, digest FROM aliases WHERE digest IN ({marks})",  # noqa: S608
+                *chunk):
+            names.setdefault(str(digest), []).append(str(name))
+        for digest, gpu, best, passed_at in reader.rows(
+                "SELECT a.digest, e.gpu, e.best_tokens_per_s, e.passed_at FROM "  # noqa: S608
+                "artifact_evidence e JOIN artifacts a ON a.id = e.artifact_id WHERE "
+                f"a.digest IN ({marks}) ORDER BY a.digest, e.gpu", *chunk):
+            proofs.setdefault(str(digest), []).append(
+                {"gpu": gpu, "best_tokens_per_s": best, "passed_at": utc_text(passed_at)})
     found = []
     for row in rows:
         data = dict(zip(COLUMNS, row, strict=True))

@@ -36,8 +36,8 @@ ON_THE_DRIVER: frozenset[str] = frozenset()
 RECIPE = frozenset({"pydantic"})
 """`plan` validates the recipe with pydantic's models, and only that."""
 ORM = frozenset({"sqlalchemy", "sqlalchemy.orm"})
-"""Commands that still read or write through the ORM (`show`'s many reads, `resolve`'s
-ranking, `import`'s transaction)."""
+"""Commands that still read or write through the ORM (`resolve`'s ranking, `import`'s
+transaction)."""
 
 COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
     "--help": (["--help"], ON_THE_DRIVER),
@@ -47,7 +47,8 @@ COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
     "fetch": (["fetch", "DIGEST", "-o", "OUT"], ON_THE_DRIVER),
     "pull": (["pull", "DIGEST", "-o", "OUT", "--executable", sys.executable], ON_THE_DRIVER),
     "plan": (["plan", str(ROOT / "recipes" / "llama70b-h100.yaml")], RECIPE),
-    "show": (["show", "DIGEST"], ORM),
+    "show": (["show", "DIGEST"], ON_THE_DRIVER),
+    "show --json": (["show", "DIGEST", "--json"], ON_THE_DRIVER),
     "resolve": (["resolve", "--model", "m", "--gpu", "cpu", "--allow-unproven"], ORM),
     "import": (["import", "NEW", "--kind", "vllm", "--model", "m"], ORM),
 }
