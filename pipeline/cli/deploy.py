@@ -104,17 +104,19 @@ def pull(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
       enginectl pull llama70b/h100/prod -o /models --port 9000 --json
       enginectl pull --model tiny-llama --gpu cpu -o ./served   # then run what it prints
     """
+    from pipeline.deploy.pull import PullOptions
     from pipeline.deploy.pull import pull as pull_artifact
 
     _check(ref, model, gpu, allow_unproven)
     with context(readonly=True) as ctx:  # reads the registry, never writes it
         announce(ctx)
         pulled = pull_artifact(
-            ctx, ref, output, model=model, gpu=gpu, gpu_count=gpu_count,
-            min_seq_len=min_seq_len, min_batch=min_batch, prefer=prefer, host=host, port=port,
-            executable=executable, allow_unready=allow_unready, allow_unproven=allow_unproven,
-            verify="strict" if verify == "strict" else "fast", force=force,
-            progress=progress(), warm=not no_warm)
+            ctx, ref, output, model=model, gpu=gpu, min_seq_len=min_seq_len, host=host,
+            port=port, executable=executable, options=PullOptions(
+                gpu_count=gpu_count, min_batch=min_batch, prefer=tuple(prefer),
+                allow_unready=allow_unready, allow_unproven=allow_unproven,
+                verify="strict" if verify == "strict" else "fast", force=force,
+                progress=progress(), warm=not no_warm))
     _notes(pulled.notes)
     if as_json:
         echo_json(pulled.as_dict())
@@ -148,6 +150,7 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
     """
     import sys
 
+    from pipeline.deploy.serve import ServeOptions
     from pipeline.deploy.serve import serve as serve_artifact
 
     _check(ref, model, gpu, allow_unproven)
@@ -160,8 +163,9 @@ def serve(ref: str | None, model: str | None, gpu: str, gpu_count: int | None,
 
     with context(readonly=True) as ctx:  # reads the registry, never writes it
         code = serve_artifact(
-            ctx, ref, model=model, gpu=gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-            min_batch=min_batch, prefer=prefer, host=host, port=port, executable=executable,
-            allow_unready=allow_unready, allow_unproven=allow_unproven, progress=progress(),
-            started=started, warm=not no_warm, output=output)
+            ctx, ref, model=model, gpu=gpu, min_seq_len=min_seq_len, host=host, port=port,
+            executable=executable, options=ServeOptions(
+                gpu_count=gpu_count, min_batch=min_batch, prefer=tuple(prefer),
+                allow_unready=allow_unready, allow_unproven=allow_unproven,
+                progress=progress(), started=started, warm=not no_warm, output=output))
     sys.exit(code)

@@ -6,6 +6,7 @@ anything is downloaded; `pipeline.deploy.pull.select` puts them together."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from registry.errors import UsageError
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from registry.context import Context
     from registry.gpus import GpuSpec
     from registry.ops.resolve import Request
+    from registry.progress import Progress
 
 
 def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None,
@@ -70,17 +72,30 @@ def _cpu_hint(ctx: Context, model: str) -> str | None:
             "pass --gpu cpu to serve it here, or --gpu SKU")
 
 
+@dataclass(frozen=True)
+class NodeOptions:
+    """The rarer choices of `pull` and `serve` alike (the CLI's options of the same names)."""
+
+    gpu_count: int | None = None  # --gpu-count: the node's GPUs of the SKU (default: counted)
+    min_batch: int | None = None  # --min-batch
+    prefer: tuple[str, ...] = ()  # --prefer: runtimes or quantizations resolve ranks first
+    allow_unready: bool = False  # --allow-unready: a REF that is not ready or superseded
+    allow_unproven: bool = False  # --allow-unproven: one proven only on another SKU
+    progress: Progress | None = None  # the download's progress bar
+    warm: bool = True  # False (--no-warm): leave the warm cache out
+
+
 def model_request(verb: str, ref: str | None, model: str | None, gpu: str | GpuSpec, *,
-                  gpu_count: int | None = None, min_seq_len: int | None = None,
-                  min_batch: int | None = None, prefer: Sequence[str] = (),
-                  allow_unproven: bool = False, ctx: Context | None = None) -> Request | None:
+                  min_seq_len: int | None = None, options: NodeOptions = NodeOptions(),
+                  ctx: Context | None = None) -> Request | None:
     """What `pull` or `serve` (*verb*) was asked for: None for a REF, else the resolve request
     for *model* on this node (`node_request`). Both, or neither, is a `UsageError`."""
     if (ref is None) == (model is None):
         raise UsageError(f"{verb} takes a REF or --model, not both")
     return None if model is None else node_request(
-        model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len, min_batch=min_batch,
-        prefer=prefer, allow_unproven=allow_unproven, ctx=ctx)
+        model, gpu, gpu_count=options.gpu_count, min_seq_len=min_seq_len,
+        min_batch=options.min_batch, prefer=options.prefer,
+        allow_unproven=options.allow_unproven, ctx=ctx)
 
 
 def installed_toolchain() -> Toolchain:

@@ -44,13 +44,12 @@ in it may be replaced, is the one target rule (`registry.ops.target`), checked f
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipeline.deploy.command import Template, node_argv, served_name, template
-from pipeline.deploy.node import fitting_target, model_request, resolved
+from pipeline.deploy.node import NodeOptions, fitting_target, model_request, resolved
 from pipeline.deploy.refit import Refitted, check_refit_here, needs_refit, refit_placed
 from pipeline.deploy.runtime import RuntimeExecutable, find_runtime
 from pipeline.deploy.tokenizer import Tokenizer, engine_tokenizer
@@ -297,6 +296,15 @@ def place(ctx: Context, selection: Selection, target: Target, *, runtime: Runtim
     return pulled
 
 
+@dataclass(frozen=True)
+class PullOptions(NodeOptions):
+    """The rarer choices of `pull`: `NodeOptions`, and how the files are checked and
+    whether a directory an earlier pull or fetch filled may be replaced."""
+
+    verify: Verify = "fast"  # --verify strict: sha256 as well as xxh3
+    force: bool = False  # --force (`registry.ops.target`)
+
+
 def pull(
     ctx: Context,
     ref: str | None,
@@ -304,31 +312,23 @@ def pull(
     *,
     model: str | None = None,
     gpu: str | GpuSpec = "auto",
-    gpu_count: int | None = None,
     min_seq_len: int | None = None,
-    min_batch: int | None = None,
-    prefer: Sequence[str] = (),
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     executable: str | None = None,
-    allow_unready: bool = False,
-    allow_unproven: bool = False,
-    verify: Verify = "fast",
-    force: bool = False,
-    progress: Progress | None = None,
-    warm: bool = True,
+    options: PullOptions = PullOptions(),
 ) -> Pulled:
     """Pull *ref*, or (with *model* and no *ref*) what resolve ranks first for *gpu*, into
-    *dest*, and write the command that serves it on this node (module doc); *warm* False
-    (`--no-warm`) leaves the warm cache out."""
-    request = model_request("pull", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
-                    ctx=ctx)
-    target = check_target(ctx, dest, verb="pull", force=force, verify=verify)
-    selection = select(ctx, ref, request=request, allow_unready=allow_unready)
+    *dest*, and write the command that serves it on this node, on *host* and *port*, with
+    *executable* (default: found here, `pipeline.deploy.runtime`) (module doc); the rarer
+    choices are *options*."""
+    request = model_request("pull", ref, model, gpu, min_seq_len=min_seq_len, options=options,
+                            ctx=ctx)
+    target = check_target(ctx, dest, verb="pull", force=options.force, verify=options.verify)
+    selection = select(ctx, ref, request=request, allow_unready=options.allow_unready)
     runtime = find_runtime(selection.template.runtime, executable=executable)
     if needs_refit(selection.manifest):  # refitted here, so trtllm-refit must be here too
         check_refit_here()
     ctx.begin(store=False)  # a cache hit needs no store
-    return place(ctx, selection, target, runtime=runtime, host=host, port=port, verify=verify,
-                 progress=progress, warm=warm)
+    return place(ctx, selection, target, runtime=runtime, host=host, port=port,
+                 verify=options.verify, progress=options.progress, warm=options.warm)

@@ -35,11 +35,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
-from pipeline.deploy.node import model_request
+from pipeline.deploy.node import NodeOptions, model_request
 from pipeline.deploy.pull import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -169,8 +170,8 @@ def _locked(dest: Path) -> Iterator[None]:
         yield
 
 
-def prepare(ctx: Context, selection: Selection, runtime: RuntimeExecutable, *, host: str, port: int,
-            progress: Progress | None = None, warm: bool = True,
+def prepare(ctx: Context, selection: Selection, runtime: RuntimeExecutable, *, host: str,
+            port: int, progress: Progress | None = None, warm: bool = True,
             output: Path | None = None) -> Pulled:
     """*selection* in its serving directory (or *output*, a directory `check_target` took
     as `pull -o` would), pulled there unless it is complete already."""
@@ -213,47 +214,47 @@ def _kept_warm(dest: Path, warm: bool) -> Warm | None:
     return Warm(str(data["warm_cache"]), {str(k): str(v) for k, v in env.items()})
 
 
+@dataclass(frozen=True)
+class ServeOptions(NodeOptions):
+    """The rarer choices of `serve`: `NodeOptions`, what to tell when the server starts, and
+    the directory to serve from."""
+
+    started: Callable[[Pulled], None] | None = None  # told what runs, just before it starts
+    output: Path | str | None = None  # `serve -o DIR` (default: the serving directory)
+
+
 def serve(
     ctx: Context,
     ref: str | None,
     *,
     model: str | None = None,
     gpu: str | GpuSpec = "auto",
-    gpu_count: int | None = None,
     min_seq_len: int | None = None,
-    min_batch: int | None = None,
-    prefer: Sequence[str] = (),
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     executable: str | None = None,
-    allow_unready: bool = False,
-    allow_unproven: bool = False,
-    progress: Progress | None = None,
-    started: Callable[[Pulled], None] | None = None,
-    warm: bool = True,
-    output: Path | str | None = None,
+    options: ServeOptions = ServeOptions(),
 ) -> int:
     """Pull *ref* (or what resolve ranks first for *model* on *gpu*) and run its server here
-    until it exits; its exit code. *started* is told what runs, just before it starts.
+    until it exits; its exit code. `options.started` is told what runs, just before it starts.
     `MachineError` (exit 3), before anything is pulled, when the artifact needs more GPUs
     of its SKU (tp × pp) than nvidia-smi lists here (`pipeline.planning.capacity`).
-    *output* (`serve -o DIR`): served from DIR, placed where and as `pull -o DIR` places
-    (the same target rule, checked first; a DIR that holds this artifact's pull already is
-    served as it is)."""
-    request = model_request("serve", ref, model, gpu, gpu_count=gpu_count, min_seq_len=min_seq_len,
-                    min_batch=min_batch, prefer=prefer, allow_unproven=allow_unproven,
-                    ctx=ctx)
-    directory = None if output is None else check_target(ctx, output, verb="serve",
-                                                         force=False).path
-    selection = select(ctx, ref, request=request, allow_unready=allow_unready)
+    `options.output` (`serve -o DIR`): served from DIR, placed where and as `pull -o DIR`
+    places (the same target rule, checked first; a DIR that holds this artifact's pull
+    already is served as it is)."""
+    request = model_request("serve", ref, model, gpu, min_seq_len=min_seq_len, options=options,
+                            ctx=ctx)
+    directory = None if options.output is None else check_target(
+        ctx, options.output, verb="serve", force=False).path
+    selection = select(ctx, ref, request=request, allow_unready=options.allow_unready)
     if (short := serving_shortfall(selection.manifest.labels)) is not None:  # before a pull
         raise short.error(f"cannot serve {selection.found.digest} here")
     runtime = find_runtime(selection.template.runtime, executable=executable)
-    pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=progress,
-                     warm=warm, output=directory)
+    pulled = prepare(ctx, selection, runtime, host=host, port=port, progress=options.progress,
+                     warm=options.warm, output=directory)
     ctx.close()  # the server may run for weeks: hold no database connection meanwhile
-    if started is not None:
-        started(pulled)
+    if options.started is not None:
+        options.started(pulled)
     return run_foreground(pulled.argv, cwd=pulled.directory, env=pulled.env)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.deploy.pull import pull
+from pipeline.deploy.pull import PullOptions, pull
 from pipeline.errors import RuntimeMissingError
 from registry.config import RegistryConfig
 from registry.context import Context
@@ -140,7 +140,7 @@ def test_pull_by_model_resolves_for_the_gpu_and_says_why_nothing_fits(
         f"  {entry[:19]}… vllm: unproven on H100-SXM5-80GB (proven on CPU)"]
     assert not (tmp_path / "h100").exists()
     on_h100 = pull(ctx, None, tmp_path / "h100", model="tiny-llama", gpu="h100",
-                   executable=PYTHON, allow_unproven=True)
+                   executable=PYTHON, options=PullOptions(allow_unproven=True))
     assert on_h100.digest == entry
     note = (f"{entry} is unproven on H100-SXM5-80GB (proven on CPU); "
             f"`enginectl smoke {entry[:19]}` here proves it")
@@ -169,7 +169,8 @@ def test_only_proven_artifacts_are_pulled_unless_allowed(ctx: Context, tmp_path:
                        "with --allow-unready") as raised:
         pull(ctx, built, tmp_path / "x", executable=PYTHON)
     assert raised.value.exit_code == 4
-    allowed = pull(ctx, built, tmp_path / "x", executable=PYTHON, allow_unready=True)
+    allowed = pull(ctx, built, tmp_path / "x", executable=PYTHON,
+                   options=PullOptions(allow_unready=True))
     assert allowed.notes == (f"{built} is built; pulled because of --allow-unready",)
     artifacts.set_status(ctx, built, "superseded", "replaced by a faster entry")
     assert "as a rollback" in pull(ctx, built, tmp_path / "y", executable=PYTHON).notes[0]
@@ -185,7 +186,8 @@ def test_only_proven_artifacts_are_pulled_unless_allowed(ctx: Context, tmp_path:
     # intermediates are never smoke-tested: a checkpoint fetches without a word
     assert fetch(ctx, source, tmp_path / "ckpt-out").notes == ()
     with pytest.raises(ManifestError, match="not served by a runtime"):
-        pull(ctx, source, tmp_path / "ckpt-pull", executable=PYTHON, allow_unready=True)
+        pull(ctx, source, tmp_path / "ckpt-pull", executable=PYTHON,
+             options=PullOptions(allow_unready=True))
 
 
 def test_a_path_in_the_entry_and_its_checkpoint_must_have_the_same_content(
@@ -252,7 +254,7 @@ def test_a_directory_that_holds_something_else_is_refused_with_or_without_force(
     with pytest.raises(UsageError, match="is not empty and holds no earlier pull"):
         pull(ctx, entry, dest, executable=PYTHON)
     with pytest.raises(UsageError, match="--force replaces only a directory pull or fetch"):
-        pull(ctx, entry, dest, executable=PYTHON, force=True)
+        pull(ctx, entry, dest, executable=PYTHON, options=PullOptions(force=True))
     assert tree(dest) == {"mine.txt": b"keep me"}
 
 
