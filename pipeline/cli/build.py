@@ -165,6 +165,7 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
 
     from pipeline.errors import BuildCancelledError
     from pipeline.executors.build import build_recipe
+    from pipeline.executors.result import BuildOptions
     from pipeline.executors.view import dry_run_lines, summary_lines
     from pipeline.settings import Settings
     from registry.context import Context
@@ -175,11 +176,12 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     echo = None if as_json or quiet else click.echo
     try:
         with ctx:
-            result = build_recipe(recipe, ctx=ctx, settings=Settings.from_env(), jobs=jobs,
-                                  only=only, force=force, keep_going=keep_going,
-                                  dry_run=dry_run, keep_work=keep_work, echo=echo,
-                                  live=sys.stdout.isatty() and not quiet,
-                                  run_on=executor, address=address)
+            result = build_recipe(recipe, ctx=ctx, settings=Settings.from_env(),
+                                  options=BuildOptions(
+                                      jobs=jobs, only=only, force=force, keep_going=keep_going,
+                                      dry_run=dry_run, keep_work=keep_work, echo=echo,
+                                      live=sys.stdout.isatty() and not quiet,
+                                      run_on=executor, address=address))
     except BuildCancelledError as exc:
         if as_json and exc.summary is not None:
             echo_json(exc.summary.as_dict())

@@ -17,7 +17,7 @@ import socket
 import threading
 from pathlib import Path
 
-from pipeline.executors.result import BuildResult, Planned, raise_if_interrupted
+from pipeline.executors.result import BuildOptions, BuildResult, Planned, raise_if_interrupted
 from pipeline.executors.view import describe, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe, selected_keys
 from pipeline.planning.source import read_recipe
@@ -26,7 +26,6 @@ from pipeline.recipe.reader import LoadedRecipe
 from pipeline.settings import Settings
 from registry.context import Context
 from registry.errors import RegistryError, UsageError
-from registry.progress import Echo
 
 
 def build_recipe(
@@ -34,45 +33,33 @@ def build_recipe(
     *,
     ctx: Context,
     settings: Settings,
-    jobs: int = 2,
-    only: str | None = None,
-    force: bool = False,
-    keep_going: bool = False,
-    dry_run: bool = False,
-    keep_work: bool = False,
-    echo: Echo | None = None,
-    live: bool | None = None,
-    run_on: str = "local",
-    address: str = "auto",
+    options: BuildOptions | None = None,
     loaded: LoadedRecipe | None = None,
-    promote: bool = True,
-    record_probes: bool | None = None,
     planned: Planned | None = None,
 ) -> BuildResult:
     """Build what *recipe* needs that the registry lacks (see the module doc), in the
-    registry of *ctx* (which its caller made and closes) with *settings*.
+    registry of *ctx* (which its caller made and closes) with *settings*, as *options* say
+    (None: `BuildOptions()`).
 
-    *echo* gets one line per finished stage run; *live* (default: stdout is a terminal) shows
-    a live table instead. Published outputs leave the work directory once no later run
-    reads them, unless *keep_work*. Ctrl-C raises `BuildCancelledError` with what was kept
-    (its `summary` says which runs finished and which were cancelled). *run_on* "ray"
-    runs the stage runs on the Ray cluster at *address* instead (`pipeline.executors.ray_build`).
-    *loaded* is the recipe already read (a recorded one: *recipe* is where it was read);
-    with *promote*, the recipe's `promote` aliases that point nowhere or at a superseded
-    artifact move to the targets' ready artifacts (`pipeline.serving.promote.promote_built`).
-    *record_probes* says whether the toolchain probes are recorded (None: unless a local
-    dry run; a Ray dry run records what it probed). *planned* is what an earlier build of
-    the same recipe (a dry run) probed and planned (`BuildResult.planned`): nothing is
-    probed or planned again."""
-    if run_on == "ray":  # a Ray cluster's pools; Ray is imported only there
+    `options.echo` gets one line per finished stage run; `options.live` (default: stdout is
+    a terminal) shows a live table instead. Published outputs leave the work directory once
+    no later run reads them, unless `options.keep_work`. Ctrl-C raises `BuildCancelledError`
+    with what was kept (its `summary` says which runs finished and which were cancelled).
+    `options.run_on` "ray" runs the stage runs on the Ray cluster at `options.address`
+    instead (`pipeline.executors.ray_build`). *loaded* is the recipe already read (a
+    recorded one: *recipe* is where it was read); with `options.promote`, the recipe's
+    `promote` aliases that point nowhere or at a superseded artifact move to the targets'
+    ready artifacts (`pipeline.serving.promote.promote_built`). `options.record_probes`
+    says whether the toolchain probes are recorded (None: unless a local dry run; a Ray dry
+    run records what it probed). *planned* is what an earlier build of the same recipe (a
+    dry run) probed and planned (`BuildResult.planned`): nothing is probed or planned
+    again."""
+    options = options or BuildOptions()
+    if options.run_on == "ray":  # a Ray cluster's pools; Ray is imported only there
         from pipeline.executors.ray_build import build_on_ray
 
-        built: BuildResult = build_on_ray(recipe, ctx=ctx, settings=settings, address=address,
-                                          only=only, force=force, keep_going=keep_going,
-                                          dry_run=dry_run, echo=echo, loaded=loaded,
-                                          promote=promote,
-                                          record_probes=record_probes is not False,
-                                          planned=planned)
+        built: BuildResult = build_on_ray(recipe, ctx=ctx, settings=settings, options=options,
+                                          loaded=loaded, planned=planned)
         return built
     if planned is None or planned.probe is None:
         probing = _Probing(settings)  # it waits on nvidia-smi and vLLM's Python meanwhile
@@ -85,21 +72,18 @@ def build_recipe(
         plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
     else:
         found, plan = planned.probe, planned.plan
-    keys = selected_keys(plan, only)
+    keys = selected_keys(plan, options.only)
     if not keys:
-        raise UsageError(f"--only {only!r} matches no target of {recipe}")
-    result = None if force else _nothing_to_do(
-        plan, keys, ctx, settings, found.toolchain, dry_run=dry_run, promote=promote,
-        record_probes=record_probes)
+        raise UsageError(f"--only {options.only!r} matches no target of {recipe}")
+    result = None if options.force else _nothing_to_do(plan, keys, ctx, settings,
+                                                       found.toolchain, options=options)
     if result is not None:
         ctx.begin(store=False)  # nothing is read from the store, nor written
-        if echo is not None and not dry_run:
+        if options.echo is not None and not options.dry_run:
             for outcome in result.summary.outcomes:
-                echo(describe(outcome))
+                options.echo(describe(outcome))
     else:
-        result = _build(plan, keys, ctx, settings, found, recipe=recipe, jobs=jobs, force=force,
-                        keep_going=keep_going, dry_run=dry_run, keep_work=keep_work, echo=echo,
-                        live=live, promote=promote, record_probes=record_probes)
+        result = _build(plan, keys, ctx, settings, found, recipe=recipe, options=options)
     result.planned = Planned(plan, probe=found)
     return result
 
@@ -132,8 +116,7 @@ class _Probing:
 
 
 def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
-                   toolchain: Toolchain, *, dry_run: bool, promote: bool,
-                   record_probes: bool | None) -> BuildResult | None:
+                   toolchain: Toolchain, *, options: BuildOptions) -> BuildResult | None:
     """The result of a build (or a dry run) with nothing to do, read without the ORM
     (`pipeline.executors.noop`); None when there is work (a promotion or a probe to record is work),
     or the registry is not at the schema head."""
@@ -142,8 +125,8 @@ def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
 
     url = ctx.config.registry_url
     probes = {local_pool(): toolchain.as_dict()}
-    if dry_run:  # what is built: the keys with an artifact, as `lookup` finds them
-        if record_probes:
+    if options.dry_run:  # what is built: the keys with an artifact, as `lookup` finds them
+        if options.record_probes:
             return None
         try:
             state = build_state(url, keys, recipe=plan.loaded.digest, pool=local_pool())
@@ -153,7 +136,7 @@ def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
             else None
     summary = noop_summary(plan, keys, settings=settings, toolchain=toolchain,
                            registry_url=url, pool=local_pool(), host=socket.gethostname(),
-                           channels=plan.channels if promote else ())
+                           channels=plan.channels if options.promote else ())
     if summary is None:
         return None
     hits = {o.key for o in summary.outcomes if o.status == "reused" and o.stage != "smoke"}
@@ -161,9 +144,7 @@ def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
 
 
 def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: Probe, *,
-           recipe: Path, jobs: int, force: bool, keep_going: bool, dry_run: bool,
-           keep_work: bool, echo: Echo | None, live: bool | None, promote: bool,
-           record_probes: bool | None) -> BuildResult:
+           recipe: Path, options: BuildOptions) -> BuildResult:
     """The full path: look up the keys, record the recipe and the probe, walk the DAG, fill
     the recipe's empty promotion channels."""
     from pipeline.executors.local import LocalExecutor
@@ -172,25 +153,26 @@ def _build(plan: Plan, keys: set[str], ctx: Context, settings: Settings, found: 
     from registry.sql import build_inputs
 
     loaded = plan.loaded
-    hit_records = {} if force else lookup(ctx, keys)
+    hit_records = {} if options.force else lookup(ctx, keys)
     ctx.begin(registry=True)
     result = BuildResult(plan, set(hit_records), probes={local_pool(): found.toolchain.as_dict()})
-    if record_probes or (record_probes is None and not dry_run):
+    if options.record_probes or (options.record_probes is None and not options.dry_run):
         with ctx.registry.session() as session:
             # what `plan` keys with next time, and what a nightly compares with
             build_inputs.record_toolchain(session, local_pool(), found.toolchain.gpu,
                                           found.toolchain.as_dict(), socket.gethostname())
-    if dry_run:
+    if options.dry_run:
         return result
     with ctx.registry.session() as session:
         build_inputs.record_recipe(session, loaded.digest, loaded.recipe.display_name, loaded.text)
         build_inputs.touch_recipe(session, loaded.digest, loaded.path)
-    with LocalExecutor(plan, ctx, settings, jobs=jobs, force=force,
+    with LocalExecutor(plan, ctx, settings, jobs=options.jobs, force=options.force,
                        local_gpu=found.toolchain.gpu, gpu_count=found.gpu_count,
-                       keep_work=keep_work) as executor:
+                       keep_work=options.keep_work) as executor:
         result.summary = walk_and_report(plan, ctx, keys, executor, hits=hit_records,
-                                    keep_going=keep_going, echo=echo, live=live)
+                                         keep_going=options.keep_going, echo=options.echo,
+                                         live=options.live)
     raise_if_interrupted(recipe, result.summary)
-    if promote:
+    if options.promote:
         result.promotions = promote_built(ctx, plan, result.summary)
     return result

@@ -46,7 +46,13 @@ from pipeline.executors.pools import (
     oversized_error,
     oversized_note,
 )
-from pipeline.executors.result import BuildResult, Planned, RayPlanned, raise_if_interrupted
+from pipeline.executors.result import (
+    BuildOptions,
+    BuildResult,
+    Planned,
+    RayPlanned,
+    raise_if_interrupted,
+)
 from pipeline.executors.stage import lookup
 from pipeline.executors.view import NodeView, on_node, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe
@@ -57,7 +63,6 @@ from pipeline.settings import Settings
 from registry.config import masked_url
 from registry.context import Context
 from registry.errors import UsageError
-from registry.progress import Echo
 from registry.sql import build_inputs
 from registry.sql.models import utcnow
 
@@ -138,14 +143,13 @@ def _first_group(probes: Mapping[str, list[NodeProbe]],
     return found
 
 
-def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, address: str,
-                 only: str | None = None, force: bool = False, keep_going: bool = False,
-                 dry_run: bool = False, echo: Echo | None = None,
-                 loaded: LoadedRecipe | None = None, promote: bool = True,
-                 record_probes: bool = True, planned: Planned | None = None) -> BuildResult:
+def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, options: BuildOptions,
+                 loaded: LoadedRecipe | None = None,
+                 planned: Planned | None = None) -> BuildResult:
     """`enginectl build RECIPE --executor ray`: preflight, probe the pools, then run the
-    plan's stage runs as Ray tasks (*loaded*, *promote* and *planned* as `build_recipe`
-    takes them: with *planned*, nothing is probed, recorded or planned again)."""
+    plan's stage runs as Ray tasks on the cluster at `options.address` (*options*, *loaded*
+    and *planned* as `build_recipe` takes them: with *planned*, nothing is probed, recorded
+    or planned again; probes are recorded unless `options.record_probes` is False)."""
     from pipeline.executors.local import owner_id
     from pipeline.serving.promote import promote_built
 
@@ -156,30 +160,32 @@ def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, address: str
     from pipeline.executors.ray import backend
     from pipeline.executors.ray_cluster import connect, disconnect
 
-    connect(address, ctx.config)
+    connect(options.address, ctx.config)
     try:
         on_ray = given or _plan_on_ray(loaded or read_recipe(recipe), ctx, settings,
-                                       keep_going=keep_going)
+                                       keep_going=options.keep_going)
         plan = on_ray.grouped.plan
         keys = {key for planned_target in plan.targets
                 if planned_target.target.id not in on_ray.skipped
-                and (only is None or fnmatch.fnmatch(planned_target.target.id, only))
+                and (options.only is None
+                     or fnmatch.fnmatch(planned_target.target.id, options.only))
                 for key in planned_target.chain}
         if not keys:
-            raise UsageError(f"--only {only!r} matches no target of {recipe} that the "
+            raise UsageError(f"--only {options.only!r} matches no target of {recipe} that the "
                              "cluster can build")
-        hits = {} if force else lookup(ctx, keys)
+        hits = {} if options.force else lookup(ctx, keys)
         ctx.begin(registry=True)
         result = BuildResult(plan, set(hits), probes=dict(on_ray.reported),
                              planned=Planned(plan, on_ray=on_ray))
         probed_at = utcnow()  # one time per probing: `plan` reads a pool's groups by it
+        recording = options.record_probes is not False and given is None
         with ctx.registry.session() as session:
-            for pool, found_here in on_ray.probes.items() if record_probes and not given else ():
+            for pool, found_here in on_ray.probes.items() if recording else ():
                 for probe in found_here:
                     build_inputs.record_toolchain(session, pool, probe.toolchain.gpu,
                                                   probe.toolchain.as_dict(), probe.node.host,
                                                   node_id=probe.node.node_id, probed_at=probed_at)
-        if dry_run:
+        if options.dry_run:
             return result
         loaded = plan.loaded
         with ctx.registry.session() as session:
@@ -187,17 +193,17 @@ def build_on_ray(recipe: Path, *, ctx: Context, settings: Settings, address: str
                                        loaded.text)
             build_inputs.touch_recipe(session, loaded.digest, loaded.path)
         grouped = on_ray.grouped
-        with backend(plan, ctx, owner=owner_id(), force=force,
+        with backend(plan, ctx, owner=owner_id(), force=options.force,
                      probed={pool: frozenset(p.node.node_id for p in ps)
                              for pool, ps in on_ray.probes.items()},
                      toolchains=grouped.toolchains, nodes=grouped.nodes,
                      cpu_nodes=list(on_ray.cpu_nodes), grace_s=GRACE_S,
                      max_retries=MAX_RETRIES) as on_cluster:
             result.summary = walk_and_report(plan, ctx, keys, on_cluster, hits=hits,
-                                        keep_going=keep_going, echo=echo, live=None,
-                                        view=NodeView, line=on_node)
+                                             keep_going=options.keep_going, echo=options.echo,
+                                             live=None, view=NodeView, line=on_node)
         raise_if_interrupted(recipe, result.summary)
-        if promote:
+        if options.promote:
             result.promotions = promote_built(ctx, plan, result.summary)
         return result
     finally:

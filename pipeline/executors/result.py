@@ -17,6 +17,25 @@ if TYPE_CHECKING:
     from pipeline.planning.plan import Plan
     from pipeline.planning.toolchain import Probe
     from pipeline.serving.promote import Promotion
+    from registry.progress import Echo
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How `build_recipe` runs: the `enginectl build` options of the same names."""
+
+    jobs: int = 2  # stage runs at once on this machine
+    only: str | None = None  # --only: the targets whose id matches this glob
+    force: bool = False  # run every stage again, registry hits or not
+    keep_going: bool = False  # one failing target never blocks the others
+    dry_run: bool = False  # say hit or miss for every stage run; run nothing
+    keep_work: bool = False  # published outputs stay in the work directory
+    echo: Echo | None = None  # told one line per finished stage run
+    live: bool | None = None  # a live table instead of *echo* (None: stdout is a terminal)
+    run_on: str = "local"  # "ray": the stage runs on the Ray cluster at *address*
+    address: str = "auto"
+    promote: bool = True  # move the recipe's promote aliases (`promote.promote_built`)
+    record_probes: bool | None = None  # None: unless a local dry run (a Ray one records)
 
 
 @dataclass(frozen=True)

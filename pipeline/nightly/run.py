@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.errors import BuildCancelledError, FleetError
 from pipeline.executors.build import build_recipe
+from pipeline.executors.result import BuildOptions
 from pipeline.nightly.alarm import (
     Regression,
     confirmed,
@@ -274,9 +275,10 @@ def _requalify(loaded: LoadedRecipe, run: _Run) -> tuple[RecipeReport, set[str]]
     done = RecipeReport(loaded.recipe.display_name, str(loaded.path), loaded.digest)
     ctx, executor = run.ctx, run.executor
     try:
-        probed = build_recipe(loaded.path, ctx=ctx, settings=run.settings, dry_run=True,
-                              run_on=executor, address=run.address, loaded=loaded,
-                              promote=False, record_probes=not run.dry_run)
+        probed = build_recipe(loaded.path, ctx=ctx, settings=run.settings, loaded=loaded,
+                              options=BuildOptions(dry_run=True, run_on=executor,
+                                                   address=run.address, promote=False,
+                                                   record_probes=not run.dry_run))
     except FleetError:
         raise  # the cluster's fault, not the recipe's: the nightly stops (exit 2)
     except EnginectlError as exc:
@@ -300,12 +302,12 @@ def _requalify(loaded: LoadedRecipe, run: _Run) -> tuple[RecipeReport, set[str]]
     summary: BuildSummary | None = None
     if not run.dry_run and runnable:
         try:
-            built = build_recipe(loaded.path, ctx=ctx, settings=run.settings, jobs=run.jobs,
-                                 keep_going=True, run_on=executor, address=run.address,
-                                 loaded=loaded, promote=False, echo=run.echo, live=False,
-                                 record_probes=False, planned=probed.planned,
-                                 only=f"{runnable.pop()}/*" if lacking and len(runnable) == 1
-                                 else None)
+            only = f"{runnable.pop()}/*" if lacking and len(runnable) == 1 else None
+            built = build_recipe(loaded.path, ctx=ctx, settings=run.settings, loaded=loaded,
+                                 planned=probed.planned, options=BuildOptions(
+                                     jobs=run.jobs, only=only, keep_going=True,
+                                     run_on=executor, address=run.address, promote=False,
+                                     echo=run.echo, live=False, record_probes=False))
             summary = built.summary
             plan = built.plan
             todo &= set(plan.stages)

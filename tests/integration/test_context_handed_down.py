@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.nightly.report import as_json
 from pipeline.nightly.run import nightly
 from pipeline.serving.smoke_here import smoke_artifact
 from pipeline.settings import Settings
@@ -43,7 +44,7 @@ def test_a_nightly_and_a_smoke_change_only_the_registry_they_are_handed(
     settings_b = Settings.from_env(box.env)
     with Context(config_b) as ctx:
         report = nightly(ctx=ctx, settings=settings_b)
-    assert report.exit_code == 0
+    assert report.exit_code == 0, as_json(report)
     [engine] = [t for r in report.recipes for t in r.targets if t.id == ENGINE_TARGET]
     assert engine.verdict == "promoted", engine
     with open_registry(registry_url) as registry, registry.session() as session:
