@@ -46,7 +46,7 @@ from pipeline.recipe.schema import CapacitySettings, SmokeSettings
 from pipeline.serving.checks import load_body
 from pipeline.serving.openloop import run_rate
 from pipeline.serving.server import serving
-from pipeline.serving.smoke import smoke
+from pipeline.serving.smoke import SmokeServer, smoke
 from registry.config import RegistryConfig
 from registry.context import Context
 from registry.ops import history
@@ -102,9 +102,8 @@ def check(args: argparse.Namespace, template: list[str], model: Path, work: Path
                                   rounds=args.rounds))
     log(f"machine: {machine()}; load average {loadavg()}")
     log(f"1. smoke with the capacity curve, {args.rounds} rounds ...")
-    report = smoke(template, model_dir=model, served_name=MODEL, settings=settings,
-                   max_input_len=128, price_per_hour=0.10, log_path=work / "smoke.log",
-                   env=VLLM_ENV)
+    report = smoke(SmokeServer(template, model, MODEL, work / "smoke.log", env=VLLM_ENV),
+                   settings=settings, max_input_len=128, price_per_hour=0.10)
     if not report.passed or report.capacity is None:
         sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
     log(f"   load average {loadavg()}; per rate: the worst round's p95s, the median round's "

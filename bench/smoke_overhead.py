@@ -50,7 +50,7 @@ from pipeline.serving import server as server_module
 from pipeline.serving import smoke as smoke_module
 from pipeline.serving.loadgen import Client, Response, Streamed
 from pipeline.serving.server import Server
-from pipeline.serving.smoke import smoke
+from pipeline.serving.smoke import SmokeServer, smoke
 from pipeline.stages.serve import vllm_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,10 +218,10 @@ def one_run(template: list[str], model_dir: Path, workdir: Path,
             env: Mapping[str, str] | None) -> Run:
     with instrumented() as probe:
         started = time.perf_counter()
-        report = smoke(template, model_dir=model_dir, served_name=SERVED_NAME,
-                       settings=SETTINGS, max_input_len=SHAPE.max_input_len,
-                       price_per_hour=None, log_path=workdir / f"smoke-{uuid.uuid4().hex}.log",
-                       env=env)
+        server = SmokeServer(template, model_dir, SERVED_NAME,
+                             workdir / f"smoke-{uuid.uuid4().hex}.log", env=env)
+        report = smoke(server, settings=SETTINGS, max_input_len=SHAPE.max_input_len,
+                       price_per_hour=None)
         wall = time.perf_counter() - started
     if not report.passed or report.ready_s is None:
         raise SystemExit(f"smoke did not pass: {report.failure}")

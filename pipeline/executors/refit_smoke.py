@@ -22,7 +22,7 @@ import json
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from pipeline.host.runtimes import program
 from pipeline.serving.abgate import decide, levels_of
 from pipeline.serving.checks import Check
 from pipeline.serving.smoke import SmokeReport, measure
-from pipeline.serving.verdict import SmokeJob, agreement, answers_to, run_smoke
+from pipeline.serving.verdict import SmokeJob, answers_to, run_smoke
 from pipeline.stages.refit import REFIT_DIR, RefitError, is_stripped, refit, whole_argv
 from registry.sql.refit_evidence import equivalence_for
 from registry.sql.refit_verdict import KIND, held_back
@@ -180,12 +180,8 @@ class StrippedSmoke:
             self.run.workdir / "out")
         if served is None:  # pragma: no cover - a smoke run always has one
             raise RuntimeError("no server argv")
-        reference, threshold = agreement(job.smoke, job.quant)
-        report = run_smoke(served, model_dir=job.model_dir, served_name=job.served_name,
-                           settings=job.smoke, max_input_len=job.max_input_len,
-                           price_per_hour=job.price_per_hour, cpu=job.cpu,
-                           log_path=self.run.workdir / "whole-smoke.log",
-                           reference=reference, threshold=threshold)
+        report = run_smoke(replace(job, argv=served, gpus=1,
+                                   log_path=self.run.workdir / "whole-smoke.log"))
         threshold = recipe.nightly.max_regression
         verdict = judge(report, refitted, threshold)
         if verdict.passed or not report.passed or "greedy output" in verdict.reason:

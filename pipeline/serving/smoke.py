@@ -1,7 +1,7 @@
 """Smoke serving (DESIGN §7): serve an artifact, prove it serves, measure it.
 
-    report = smoke(argv_template, model_dir=..., served_name=..., settings=recipe.smoke,
-                   max_input_len=..., price_per_hour=..., log_path=...)
+    report = smoke(SmokeServer(argv_template, model_dir, served_name, log_path),
+                   settings=recipe.smoke, max_input_len=..., price_per_hour=...)
 
 The server is started, awaited and stopped by pipeline.serving.server. Once it generates:
 /v1/models names the model; greedy completions return exactly `max_tokens` tokens; a chat
@@ -82,29 +82,40 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class SmokeServer:
+    """How a smoke starts its server: the argv (`{model_dir}` and `{port}` left to fill), the
+    directory it serves, the name it answers to and its log; *env* adds to its environment,
+    *cwd* is its working directory, and *warm_cache* names the warm cache it starts from
+    (its ready_s is then a warm start)."""
+
+    argv_template: Sequence[str]
+    model_dir: Path
+    served_name: str
+    log_path: Path
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    warm_cache: str | None = None
+
+
 def smoke(
-    argv_template: Sequence[str],
+    server: SmokeServer,
     *,
-    model_dir: Path,
-    served_name: str,
     settings: SmokeSettings,
     max_input_len: int,
     price_per_hour: float | None,
-    log_path: Path,
-    env: Mapping[str, str] | None = None,
     reference: Sequence[tuple[str, str]] | None = None,
     threshold: float | None = None,
-    cwd: Path | None = None,
-    warm_cache: str | None = None,
     gpus: int = 1,
 ) -> SmokeReport:
-    """Serve *model_dir* with *argv_template*, check it and load it (see the module doc).
+    """Start *server*, check it and load it (see the module doc).
 
     *reference* pairs a prompt with the text its greedy `settings.max_tokens`-token completion
     must be: exactly (*threshold* None, bf16), or with at least *threshold* of the tokens
-    agreeing position by position (quantized). *env* adds to the server's environment, and
-    *cwd* is its working directory; *warm_cache* names the warm cache it starts from (its
-    ready_s is then a warm start)."""
+    agreeing position by position (quantized). *price_per_hour* is one GPU's, of *gpus*."""
+    argv_template, model_dir, served_name = (server.argv_template, server.model_dir,
+                                             server.served_name)
+    log_path, env, cwd, warm_cache = server.log_path, server.env, server.cwd, server.warm_cache
     checks: list[Check] = []
     load: list[LoadLevel] = []
     ready_s: float | None = None

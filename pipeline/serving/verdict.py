@@ -120,12 +120,7 @@ def _serve(job: SmokeJob, started: Launch | None) -> SmokeReport:
     from pipeline.serving.warm import observed
 
     offset = job.log_path.stat().st_size if job.log_path.is_file() else 0
-    reference, threshold = agreement(job.smoke, job.quant)
-    report = run_smoke(job.argv, model_dir=job.model_dir, served_name=job.served_name,
-                       settings=job.smoke, max_input_len=job.max_input_len,
-                       price_per_hour=job.price_per_hour, log_path=job.log_path, cpu=job.cpu,
-                       reference=reference, threshold=threshold, started=started,
-                       gpus=job.gpus)
+    report = run_smoke(job, started=started)
     if started is None or started.seeded is None:
         return report
     return replace(report, warm_use=observed(started.runtime, _read_from(job.log_path, offset)))
@@ -196,24 +191,25 @@ def record_verdict(ctx: Context, digest: str, report: SmokeReport, *, log: Path,
         log=log, gpu=gpu, toolchain=toolchain, key=key)
 
 
-def run_smoke(
-    argv: list[str], *, model_dir: Path, served_name: str, settings: SmokeSettings,
-    max_input_len: int, price_per_hour: float | None, log_path: Path, cpu: bool,
-    reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
-    started: Launch | None = None, gpus: int = 1,
-) -> SmokeReport:
-    """Smoke *argv*; with *started* (`pipeline.serving.warm.launch`), the server runs from
-    its serving directory with its caches there, to be captured after a pass."""
-    from pipeline.serving.smoke import smoke
+def run_smoke(job: SmokeJob, *, started: Launch | None = None) -> SmokeReport:
+    """Smoke *job*'s server, checked against its recipe's reference outputs as its
+    quantization asks (`agreement`); with *started* (`pipeline.serving.warm.launch`), the
+    server runs from its serving directory with its caches there, to be captured after a
+    pass."""
+    from pipeline.serving.smoke import SmokeServer, smoke
 
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if cpu else {}
+    argv = job.argv
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} if job.cpu else {}
     if started is not None:
         argv, env = started.argv, {**env, **started.env}
-    return smoke(argv, model_dir=model_dir, served_name=answers_to(argv, model_dir, served_name),
-                 settings=settings, max_input_len=max_input_len, price_per_hour=price_per_hour,
-                 log_path=log_path, env=env or None, reference=reference, threshold=threshold,
-                 cwd=None if started is None else started.cwd,
-                 warm_cache=None if started is None else started.seeded, gpus=gpus)
+    reference, threshold = agreement(job.smoke, job.quant)
+    server = SmokeServer(argv, job.model_dir, answers_to(argv, job.model_dir, job.served_name),
+                         job.log_path, env=env or None,
+                         cwd=None if started is None else started.cwd,
+                         warm_cache=None if started is None else started.seeded)
+    return smoke(server, settings=job.smoke, max_input_len=job.max_input_len,
+                 price_per_hour=job.price_per_hour, reference=reference, threshold=threshold,
+                 gpus=job.gpus)
 
 
 def capture_warm(ctx: Context, digest: str, started: Launch | None, *, log: Path) -> str | None:

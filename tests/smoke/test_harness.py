@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.recipe.schema import SmokeSettings
 from pipeline.serving.loadgen import cost_per_million_tokens
 from pipeline.serving.server import free_port, render_argv
-from pipeline.serving.smoke import SmokeReport, measure, smoke
+from pipeline.serving.smoke import SmokeReport, SmokeServer, measure, smoke
 from tests.fakes.openai_server import Fake
 from tests.processes import FAKE_NAME, TAG, tagged_processes
 
@@ -24,10 +24,10 @@ def run(argv: list[str], model_dir: Path, settings: SmokeSettings, tmp_path: Pat
         reference: list[tuple[str, str]] | None = None, threshold: float | None = None,
         ) -> SmokeReport:
     tag = uuid.uuid4().hex
-    report = smoke(argv, model_dir=model_dir, served_name=served_name, settings=settings,
-                   max_input_len=max_input_len, price_per_hour=price_per_hour,
-                   log_path=tmp_path / "logs" / "smoke.log", env={**(env or {}), TAG: tag},
-                   reference=reference, threshold=threshold)
+    server = SmokeServer(argv, model_dir, served_name, tmp_path / "logs" / "smoke.log",
+                         env={**(env or {}), TAG: tag})
+    report = smoke(server, settings=settings, max_input_len=max_input_len,
+                   price_per_hour=price_per_hour, reference=reference, threshold=threshold)
     assert tagged_processes(tag) == [], "the server outlived smoke()"
     return report
 
@@ -305,9 +305,8 @@ def test_ctrl_c_while_a_server_starts_stops_it(
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 1.0)
     try:
-        smoke(silent, model_dir=model_dir, served_name=FAKE_NAME, settings=settings,
-              max_input_len=240, price_per_hour=None, log_path=tmp_path / "smoke.log",
-              env={TAG: tag})
+        smoke(SmokeServer(silent, model_dir, FAKE_NAME, tmp_path / "smoke.log", env={TAG: tag}),
+              settings=settings, max_input_len=240, price_per_hour=None)
     except KeyboardInterrupt:
         pass
     else:

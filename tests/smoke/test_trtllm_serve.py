@@ -20,8 +20,8 @@ import pytest
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import BuildSettings, SmokeSettings, TrtllmServe
-from pipeline.serving.smoke import SmokeReport, smoke
-from pipeline.serving.verdict import run_smoke
+from pipeline.serving.smoke import SmokeReport, SmokeServer, smoke
+from pipeline.serving.verdict import SmokeJob, run_smoke
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from pipeline.stages.serve import trtllm_serve_argv
@@ -72,9 +72,10 @@ def serve_argv(model_dir: Path, *, backend: str, tp: int = 1, shape: Shape = SHA
 
 
 def smoke_it(argv: list[str], model_dir: Path, tmp_path: Path) -> SmokeReport:
-    return run_smoke(argv, model_dir=model_dir, served_name="toy", settings=SETTINGS,
-                     max_input_len=SHAPE.max_input_len, price_per_hour=None,
-                     log_path=tmp_path / "smoke.log", cpu=False)
+    return run_smoke(SmokeJob(
+        digest="", argv=argv, model_dir=model_dir, served_name="toy", smoke=SETTINGS, quant=None,
+        max_input_len=SHAPE.max_input_len, price_per_hour=None, log_path=tmp_path / "smoke.log",
+        cpu=False, serving_dir=tmp_path / "serve"))
 
 
 def test_an_engine_is_smoked_under_the_id_trtllm_serve_gives_it(tmp_path: Path) -> None:
@@ -89,9 +90,8 @@ def test_an_engine_is_smoked_under_the_id_trtllm_serve_gives_it(tmp_path: Path) 
     assert models is not None
     assert models.evidence["ids"] == ["engine-0123abcd"]
     # What run_smoke used to expect, the path as given, is not what the server lists.
-    by_path = smoke(argv, model_dir=engine, served_name=str(engine), settings=SETTINGS,
-                    max_input_len=SHAPE.max_input_len, price_per_hour=None,
-                    log_path=tmp_path / "by-path.log")
+    by_path = smoke(SmokeServer(argv, engine, str(engine), tmp_path / "by-path.log"),
+                    settings=SETTINGS, max_input_len=SHAPE.max_input_len, price_per_hour=None)
     assert by_path.failure is not None
     assert by_path.failure.startswith(f"models: {str(engine)!r} not among ['engine-0123abcd']")
 

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import SmokeSettings, VllmServe
-from pipeline.serving.smoke import SmokeReport, smoke
+from pipeline.serving.smoke import SmokeReport, SmokeServer, smoke
 from pipeline.stages.serve import VLLM_SERVE, vllm_argv
 from tests.models import TinyModels, offline_env
 from tests.processes import TAG, tagged_processes
@@ -45,11 +45,12 @@ def serve(python: Path, model_dir: Path, tmp_path: Path, settings: SmokeSettings
           env: dict[str, str] | None = None) -> SmokeReport:
     tag = uuid.uuid4().hex
     report = smoke(
-        template(python, cpu=cpu), model_dir=model_dir, served_name=SERVED_NAME,
+        SmokeServer(template(python, cpu=cpu), model_dir, SERVED_NAME, tmp_path / "smoke.log",
+                    env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+                         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", TAG: tag,
+                         **(env or {})}),
         settings=settings, max_input_len=SHAPE.max_input_len, price_per_hour=1.0,
-        log_path=tmp_path / "smoke.log", reference=reference,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-             "DO_NOT_TRACK": "1", TAG: tag, **(env or {})},
+        reference=reference,
     )
     assert tagged_processes(tag) == [], "the server left processes behind"
     return report
