@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Final
 
-from pipeline.executors.stage import CANCELLED, StageWorker
+from pipeline.executors.stage import CANCELLED, StageWorker, WorkerSite
 from pipeline.host.runner import CANCEL_GRACE_S, stop_all
 from pipeline.planning.outcome import Outcome
 from pipeline.planning.plan import Plan, StageRun
@@ -60,8 +60,8 @@ class LocalExecutor:
         self.capacity = max(1, jobs)
         self._gpu_locks: dict[str, threading.Lock] = {}
         self._gpu_locks_lock = threading.Lock()
-        self.worker = StageWorker(plan, ctx, settings, owner=owner_id(), force=force,
-                                  local_gpu=local_gpu, gpu_count=gpu_count,
+        self.worker = StageWorker(plan, ctx, settings,
+                                  WorkerSite(owner_id(), local_gpu, gpu_count), force=force,
                                   gpu_slot=self._gpu_slot, keep_work=keep_work)
         self._inflight: dict[Future[Outcome], tuple[StageRun, threading.Thread]] = {}
         self._lock = threading.Lock()

@@ -185,7 +185,7 @@ def run_stage(spec: TaskSpec) -> Outcome:
 
 
 def _run_stage(spec: TaskSpec) -> Outcome:
-    from pipeline.executors.stage import StageWorker
+    from pipeline.executors.stage import StageWorker, WorkerSite
 
     started = time.monotonic()
     node = _node()
@@ -202,8 +202,9 @@ def _run_stage(spec: TaskSpec) -> Outcome:
             return Outcome(run.stage, run.key, "failed", run.targets, node=node,
                            error=f"node {node['host']} joined pool {spec.pool} after its probe "
                                  f"and differs: {why}; run the build again to re-probe")
-    worker = StageWorker(plan, _context(), settings, owner=spec.owner, force=spec.force,
-                         local_gpu=spec.local_gpu, node_id=node["node_id"])
+    worker = StageWorker(plan, _context(), settings,
+                         WorkerSite(spec.owner, spec.local_gpu, node_id=node["node_id"]),
+                         force=spec.force)
     try:
         outcome = worker.run(run, spec.digests)
     except BaseException:

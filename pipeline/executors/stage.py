@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -82,21 +83,29 @@ def reused(ctx: Context, run: StageRun, record: records.ArtifactRecord,
                    saved_seconds=saved)
 
 
-class StageWorker:
-    """Runs stage runs of *plan* on this machine. Thread-safe: the local executor shares one
-    between its threads; a Ray task makes its own."""
+@dataclass(frozen=True)
+class WorkerSite:
+    """Where a `StageWorker` runs, and as whom."""
 
-    def __init__(self, plan: Plan, ctx: Context, settings: Settings, *, owner: str,
-                 force: bool = False, local_gpu: str | None = None,
-                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot,
-                 keep_work: bool = False, node_id: str | None = None,
-                 gpu_count: int | None = None) -> None:
+    owner: str  # the build's lease owner (`pipeline.executors.local.owner_id`)
+    local_gpu: str | None = None  # this machine's GPU SKU (None: no GPU)
+    gpu_count: int | None = None
+    """How many GPUs of `local_gpu` this machine has (None: not judged here, as on a Ray
+    node, whose placement asked for them)."""
+    node_id: str | None = None  # the Ray node this runs on, recorded on the stage-run row
+
+
+class StageWorker:
+    """Runs stage runs of *plan* on this machine (*site*). Thread-safe: the local executor
+    shares one between its threads; a Ray task makes its own."""
+
+    def __init__(self, plan: Plan, ctx: Context, settings: Settings, site: WorkerSite, *,
+                 force: bool = False, keep_work: bool = False,
+                 stop: threading.Event | None = None, gpu_slot: GpuSlot = _no_slot) -> None:
         self.plan, self.ctx, self.settings = plan, ctx, settings
-        self.owner, self.force, self.local_gpu = owner, force, local_gpu
-        self.gpu_count = gpu_count
-        """How many GPUs of `local_gpu` this machine has (None: not judged here, as on a Ray
-        node, whose placement asked for them)."""
-        self.node_id = node_id  # the Ray node this runs on, recorded on the stage-run row
+        self.owner, self.force, self.local_gpu = site.owner, force, site.local_gpu
+        self.gpu_count = site.gpu_count
+        self.node_id = site.node_id
         self.stop = stop or threading.Event()
         self.cancel = threading.Event()
         """Set on Ctrl-C (after `stop`): runs in flight end `cancelled`, not `failed`."""
