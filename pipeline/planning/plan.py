@@ -26,7 +26,7 @@ from pipeline.recipe.schema import Recipe, TrtllmServe, VllmServe
 from pipeline.settings import Settings
 from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
-from pipeline.stages.quantize import Export, needs_quantize, quantize_argv
+from pipeline.stages.quantize import Export, QuantizeSpec, needs_quantize, quantize_argv
 from pipeline.stages.refit import REFIT_DIR, refit_argv
 from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
 from registry.identity.canonical import floats_as_strings
@@ -238,13 +238,11 @@ class _Planner:
             toolchain=self.toolchains.for_gpu(target.gpu.sku), toolchain_stage="quantize",
             gpu=target.gpu.sku,
             gpus=calibration_gpus(self.source.architecture, recipe.model.dtype, target.gpu),
-            argv=lambda dirs, out: quantize_argv(
-                self.settings.python, model_dir=dirs(source), output_dir=out,
+            argv=lambda dirs, out: quantize_argv(self.settings.python, QuantizeSpec(
                 dtype=recipe.model.dtype, quant=quant, kv_cache_dtype=target.kv_cache_dtype,
                 calibration=calibration, calib_path=self.source.calibration_file,
                 awq_block_size=recipe.quantize.awq_block_size, export=export, tp=target.tp,
-                pp=target.pp,
-            ),
+                pp=target.pp), model_dir=dirs(source), output_dir=out),
         )
 
     def convert(self, target: Target, source: str) -> str:

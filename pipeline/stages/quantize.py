@@ -7,6 +7,7 @@ so one argv reads the same to anyone who knows that script.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -31,21 +32,29 @@ def needs_quantize(quant: Quant, kv_cache_dtype: KvCacheDtype) -> bool:
     return quant not in ("bf16", "fp16") or kv_cache_dtype != "auto"
 
 
-def quantize_argv(
-    python: str,
-    *,
-    model_dir: Path,
-    output_dir: Path,
-    dtype: ModelDtype,
-    quant: Quant,
-    kv_cache_dtype: KvCacheDtype,
-    calibration: Calibration,
-    calib_path: Path | None,
-    awq_block_size: int,
-    export: Export,
-    tp: int,
-    pp: int,
-) -> list[str]:
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """What the quantizer is asked for: the numerics, the calibration (*calib_path*: the
+    recipe's calibration file, resolved; None: its named dataset) and the export (a
+    TensorRT-LLM checkpoint split for *tp* x *pp*, or an HF checkpoint)."""
+
+    dtype: ModelDtype
+    quant: Quant
+    kv_cache_dtype: KvCacheDtype
+    calibration: Calibration
+    calib_path: Path | None
+    awq_block_size: int
+    export: Export
+    tp: int = 1
+    pp: int = 1
+
+
+def quantize_argv(python: str, spec: QuantizeSpec, *, model_dir: Path,
+                  output_dir: Path) -> list[str]:
+    """The quantizer's argv (`pipeline.stages.quantizer`) for *spec*, run by *python*."""
+    dtype, quant, kv_cache_dtype = spec.dtype, spec.quant, spec.kv_cache_dtype
+    calibration, calib_path, export = spec.calibration, spec.calib_path, spec.export
+    awq_block_size, tp, pp = spec.awq_block_size, spec.tp, spec.pp
     argv = [
         python, "-m", "pipeline.stages.quantizer",
         "--model_dir", str(model_dir),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.recipe.schema import Calibration
-from pipeline.stages.quantize import Export, quantize_argv
+from pipeline.stages.quantize import Export, QuantizeSpec, quantize_argv
 from tests.helpers import RECIPES, ROOT
 from tests.models import offline_env
 
@@ -45,13 +45,14 @@ def quantizer_argv(
         Calibration(dataset=dataset, **sizes) if dataset is not None
         else Calibration(file="calibration/tiny.jsonl", digest=CALIB_DIGEST, **sizes)
     )
-    return quantize_argv(
-        sys.executable, model_dir=model_dir, output_dir=output_dir, dtype="bfloat16",
+    spec = QuantizeSpec(
+        dtype="bfloat16",
         quant=quant,  # type: ignore[arg-type]  # tests pass the recipe's literal strings
         kv_cache_dtype=kv_cache_dtype,  # type: ignore[arg-type]
         calibration=calibration, calib_path=None if dataset else calib_path,
         awq_block_size=awq_block_size, export=export, tp=tp, pp=pp,
     )
+    return quantize_argv(sys.executable, spec, model_dir=model_dir, output_dir=output_dir)
 
 
 def run_argv(argv: list[str], output_dir: Path) -> QuantizerRun:
