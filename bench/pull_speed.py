@@ -65,7 +65,7 @@ def publish_pair(env: dict[str, str], source: Path, entry_dir: Path) -> tuple[st
     os.environ.update(env)
     from pipeline.recipe.matrix import Shape
     from pipeline.recipe.schema import VllmServe
-    from pipeline.stages.serve import vllm_argv
+    from pipeline.stages.serve import VllmServing, vllm_argv
     from registry.config import RegistryConfig
     from registry.context import Context
     from registry.ops.publish import publish
@@ -74,10 +74,8 @@ def publish_pair(env: dict[str, str], source: Path, entry_dir: Path) -> tuple[st
     with Context(RegistryConfig.from_env()) as ctx:
         checkpoint = publish(ctx, source, kind="hf-checkpoint", labels={"model": "bench"})
         shape = Shape(max_batch_size=8, max_input_len=1024, max_seq_len=2048)
-        argv = vllm_argv("/builder/venv/bin/python", model_dir=Path("{model_dir}"),
-                         served_name="bench", dtype="bfloat16", quant="bf16",
-                         kv_cache_dtype="auto", prequantized=False, tp=1, pp=1, shape=shape,
-                         settings=VllmServe(), cpu=True)
+        argv = vllm_argv("/builder/venv/bin/python", VllmServing(shape, VllmServe(), cpu=True),
+                         model_dir=Path("{model_dir}"), served_name="bench")
         serve = {"argv": argv, "model_dir": "input"}
         entry_dir.mkdir(exist_ok=True)
         (entry_dir / "enginectl-entry.json").write_text(json.dumps({"serve": serve}))

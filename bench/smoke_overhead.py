@@ -51,7 +51,7 @@ from pipeline.serving import smoke as smoke_module
 from pipeline.serving.loadgen import Client, Response, Streamed
 from pipeline.serving.server import Server
 from pipeline.serving.smoke import SmokeServer, smoke
-from pipeline.stages.serve import vllm_argv
+from pipeline.stages.serve import VllmServing, vllm_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_SERVER = ROOT / "tests" / "fakes" / "openai_server.py"
@@ -88,11 +88,8 @@ def tiny_model() -> Path:
 
 
 def vllm_template(python: Path) -> list[str]:
-    return vllm_argv(
-        str(python), model_dir=Path("{model_dir}"), served_name=SERVED_NAME, dtype="bfloat16",
-        quant="bf16", kv_cache_dtype="auto", prequantized=False, tp=1, pp=1, shape=SHAPE,
-        settings=VllmServe(enforce_eager=True), cpu=True,
-    )
+    return vllm_argv(str(python), VllmServing(SHAPE, VllmServe(enforce_eager=True), cpu=True),
+                     model_dir=Path("{model_dir}"), served_name=SERVED_NAME)
 
 
 def fake_template() -> list[str]:

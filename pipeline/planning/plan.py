@@ -28,7 +28,7 @@ from pipeline.stages.build import build_argv, build_flags
 from pipeline.stages.convert import convert_argv
 from pipeline.stages.quantize import Export, QuantizeSpec, needs_quantize, quantize_argv
 from pipeline.stages.refit import REFIT_DIR, refit_argv
-from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
+from pipeline.stages.serve import VllmServing, trtllm_serve_argv, vllm_argv
 from registry.identity.canonical import floats_as_strings
 from registry.tokenizer import TOKENIZER_DIR
 
@@ -322,13 +322,10 @@ class _Planner:
             vllm_checkpoint, vllm_settings = checkpoint, vllm
 
             def smoke_argv(dirs: DirOf, _out: Path) -> list[str]:
-                return vllm_argv(
-                    self.settings.vllm_python, model_dir=dirs(vllm_checkpoint),
-                    served_name=recipe.model.name, dtype=recipe.model.dtype,
-                    quant=target.quant, kv_cache_dtype=target.kv_cache_dtype,
-                    prequantized=prequantized, tp=target.tp, pp=target.pp, shape=target.shape,
-                    settings=vllm_settings, cpu=target.gpu.is_cpu,
-                )
+                return vllm_argv(self.settings.vllm_python, VllmServing(
+                    target.shape, vllm_settings, target.gpu.is_cpu, recipe.model.dtype,
+                    target.quant, target.kv_cache_dtype, prequantized, target.tp, target.pp,
+                ), model_dir=dirs(vllm_checkpoint), served_name=recipe.model.name)
             entry = self._entry(target, checkpoint, serve_args)
         keys.append(entry)
         smoke = recipe.smoke

@@ -21,6 +21,7 @@ those keep serving.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Final
 
@@ -121,21 +122,30 @@ def vllm_quantization(quant: Quant, prequantized: bool) -> str | None:
     return "modelopt_fp4" if quant == "nvfp4" else "modelopt"
 
 
-def vllm_argv(
-    python: str,
-    *,
-    model_dir: Path,
-    served_name: str,
-    dtype: ModelDtype,
-    quant: Quant,
-    kv_cache_dtype: KvCacheDtype,
-    prequantized: bool,
-    tp: int,
-    pp: int,
-    shape: Shape,
-    settings: VllmServe,
-    cpu: bool,
-) -> list[str]:
+@dataclass(frozen=True)
+class VllmServing:
+    """How vLLM serves a target: its shape, the recipe's `serve.vllm` settings, on the CPU or
+    not, its numerics (*prequantized*: the checkpoint is quantized already) and parallelism."""
+
+    shape: Shape
+    settings: VllmServe
+    cpu: bool
+    dtype: ModelDtype = "bfloat16"
+    quant: Quant = "bf16"
+    kv_cache_dtype: KvCacheDtype = "auto"
+    prequantized: bool = False
+    tp: int = 1
+    pp: int = 1
+
+
+def vllm_argv(python: str, serving: VllmServing, *, model_dir: Path,
+              served_name: str) -> list[str]:
+    """vLLM's server argv for *serving*, run by *python*, serving *model_dir* as
+    *served_name*."""
+    shape, settings, cpu, dtype = serving.shape, serving.settings, serving.cpu, serving.dtype
+    quant, kv_cache_dtype, prequantized = (serving.quant, serving.kv_cache_dtype,
+                                           serving.prequantized)
+    tp, pp = serving.tp, serving.pp
     argv = [
         *vllm_start(python, str(model_dir), cpu=cpu),
         "--served-model-name", served_name,

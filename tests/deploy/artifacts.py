@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import TrtllmServe, VllmServe
-from pipeline.stages.serve import trtllm_serve_argv, vllm_argv
+from pipeline.stages.serve import VllmServing, trtllm_serve_argv, vllm_argv
 from registry.context import Context
 from registry.ops.publish import publish
 from registry.sql import alias_records, records, smoke_records
@@ -54,9 +54,8 @@ def vllm_entry(ctx: Context, root: Path, source: str, *, model: str = "m",
                status: ArtifactStatus = "ready", quant: str = "bf16",
                extra: dict[str, bytes] | None = None) -> str:
     """A vLLM entry serving *source*, as the build stage writes one."""
-    argv = vllm_argv(BUILDER_PYTHON, model_dir=Path("{model_dir}"), served_name=model,
-                     dtype="bfloat16", quant="bf16", kv_cache_dtype="auto", prequantized=False,
-                     tp=1, pp=1, shape=SHAPE, settings=VllmServe(enforce_eager=True), cpu=True)
+    argv = vllm_argv(BUILDER_PYTHON, VllmServing(SHAPE, VllmServe(enforce_eager=True), cpu=True),
+                     model_dir=Path("{model_dir}"), served_name=model)
     serve = {"argv": argv, "model_dir": "input"}
     root.mkdir(parents=True)
     (root / "enginectl-entry.json").write_text(json.dumps({"runtime": "vllm", "serve": serve}))

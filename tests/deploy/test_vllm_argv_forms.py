@@ -17,7 +17,14 @@ import pytest
 from pipeline.deploy.command import Template, node_argv, served_name, template
 from pipeline.deploy.pull import pull
 from pipeline.recipe.schema import VllmServe
-from pipeline.stages.serve import VLLM_API_SERVER, VLLM_SERVE, vllm_argv, vllm_form, vllm_model
+from pipeline.stages.serve import (
+    VLLM_API_SERVER,
+    VLLM_SERVE,
+    VllmServing,
+    vllm_argv,
+    vllm_form,
+    vllm_model,
+)
 from registry.context import Context
 from registry.errors import ManifestError
 from registry.ops.marker import SERVE_FILE
@@ -45,9 +52,8 @@ def entry_with(ctx: Context, root: Path, source: str, argv: list[str]) -> str:
 
 def test_a_gpu_targets_entry_is_served_with_vllm_serve(ctx: Context, tmp_path: Path) -> None:
     source = artifacts.checkpoint(ctx, tmp_path / "ckpt")
-    argv = vllm_argv(artifacts.BUILDER_PYTHON, model_dir=Path("{model_dir}"), served_name="m",
-                     dtype="bfloat16", quant="bf16", kv_cache_dtype="auto", prequantized=False,
-                     tp=1, pp=1, shape=artifacts.SHAPE, settings=VllmServe(), cpu=False)
+    argv = vllm_argv(artifacts.BUILDER_PYTHON, VllmServing(artifacts.SHAPE, VllmServe(), cpu=False),
+                     model_dir=Path("{model_dir}"), served_name="m")
     entry = entry_with(ctx, tmp_path / "entry", source, argv)
     dest = tmp_path / "models"
     pulled = pull(ctx, entry, str(dest), executable=PYTHON, host="127.0.0.1", port=9002)

