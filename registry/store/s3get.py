@@ -278,6 +278,11 @@ class RangeReader:
         store = self._store
         return s3splice.Splicer(lambda key: obstore.sign(store, "GET", key, SIGNED_FOR))
 
+    @property
+    def splices(self) -> bool:
+        """Whether blob bodies take the plain-http path (`registry.store.s3splice`)."""
+        return self._splicer is not None
+
     def read_into(
         self,
         key: str,

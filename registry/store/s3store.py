@@ -7,9 +7,8 @@
 - Every blob is read as ranged GETs of `download_part_size` (a small blob is one), run on
   one pool of `download_threads` shared by all the blobs of a fetch; each GET streams into
   the file at its offset (over plain http spliced there by the kernel, `registry.store.s3splice`;
-  else in 1 MiB chunks), and the parts are hashed from the file's pages in order as they
-  land (`registry.store.ranges.InOrderHash`), so verification overlaps the download and
-  memory stays flat.
+  else in 1 MiB chunks), hashed from the file's pages in order as they land
+  (`registry.store.ranges.InOrderHash`): verification overlaps the download, memory is flat.
   The GETs (blobs and manifests) go through obstore (`registry.store.s3get`: bytes move in Rust,
   not in Python socket reads); everything else goes through boto3 (`registry.store.s3bucket`),
   imported on the first such call, so a fetch whose credentials are in the environment
@@ -59,11 +58,10 @@ if TYPE_CHECKING:
 
 MiB: Final = 1 << 20
 DOWNLOAD_THREADS: Final = min(64, 12 * (os.cpu_count() or 2))
-"""Ranged GETs in flight for a whole fetch. Since the bodies are spliced in 512 KiB steps a
-GET in flight costs the client next to nothing while it waits, and more of them cost the
-server less: on 2 vCPUs against s3rver, 24 took less client and server CPU than 8 and 16 and
-kept up with s5cmd, which keeps up to 40 in flight (bench/README.md, 2026-12-06); one S3
-connection carries ~100 MB/s, so a node with more cores keeps more in flight."""
+"""Ranged GETs in flight for a whole fetch: a spliced GET costs the client nothing while it
+waits, and on 2 vCPUs 24 took less client and s3rver CPU than 8 or 16 (bench/README.md)."""
+OBSTORE_THREADS: Final = min(64, max(8, 4 * (os.cpu_count() or 2)))
+"""The same when obstore moves the bodies (https): each GET holds its own buffers."""
 HEAD_AT_MOST: Final = 3
 """Per shard: up to this many wanted blobs are HEADed; more are found with one LIST."""
 
@@ -73,9 +71,8 @@ class S3Store:
 
     Defaults are tuned for throughput on one host (DOWNLOAD_THREADS ranged reads of 32 MiB
     parts in flight for the whole store, 8 × 64 MiB upload parts); pass smaller numbers to
-    be gentler on a small server. Each GET costs the server a request: against s3rver,
-    32 MiB parts took 15 % less server CPU than 16 MiB ones for the same bytes and were
-    faster in every round (bench/README.md); s5cmd asks for 50 MiB."""
+    be gentler on a small server. 32 MiB parts took s3rver 15 % less CPU than 16 MiB ones
+    (bench/README.md)."""
 
     def __init__(
         self,
@@ -265,21 +262,18 @@ class S3Store:
 
     @cached_property
     def _readers(self) -> Workers:
-        """The ranged GETs of every blob this store fetches share these threads, so a fetch
-        of many blobs keeps `download_threads` requests in flight, not that many per blob.
-        Daemon threads: a stopped fetch never waits for a read blocked on the network."""
-        return Workers(self.download_threads, name="s3-get")
+        """The ranged GETs of every blob this store fetches share these threads (fewer when
+        obstore moves the bytes); daemons: a stopped fetch never waits for a blocked read."""
+        most = self.download_threads if self._reader.splices else OBSTORE_THREADS
+        return Workers(min(self.download_threads, most), name="s3-get")
 
     def _download(
         self, key: str, what: str, fd: int, size: int | None, *, progress: Progress | None,
         stop: threading.Event | None, digest: Digest,
     ) -> Digest:
         """Stream the object into *fd* with parallel ranged GETs on the shared readers and
-        return the xxh3-128 of what landed, hashed from the file's pages in order: by the
-        part's own thread as its pieces land while every byte before them is hashed (still
-        in the CPU's cache; about half the bytes of a 2 GiB fetch), else once the part is
-        whole (`registry.store.ranges.InOrderHash`), through a mapping that never holds
-        more than RELEASE of the file (`MappedHash`)."""
+        return the xxh3-128 of what landed, hashed from the file's pages in order as they
+        land (`registry.store.ranges.InOrderHash`, `MappedHash`)."""
 
         def fetch(start: int, end: int) -> None:
             written = 0
