@@ -12,8 +12,8 @@ root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vl
    the next starts again from the lowest: `smoke.capacity.rounds`).
 2. The report is recorded as the proof of an imported vLLM entry in a fresh registry
    (`history.record_smoke`, as a build records it), and `enginectl advise --ttft-p95 SLO`
-   reads the capacity off it (the highest rate at which every round held, and every lower
-   rate too).
+   reads the capacity off it (the highest rate at which more than half of the rounds held,
+   the median round's rule, and every lower rate too).
 3. A second server, new schedules (other seeds): `run_rate` at the advised capacity and at
    1.5× it, --check-duration s each, interleaved for --check-rounds rounds (default:
    --rounds), so that a neighbour's load falls on both sides alike. The claim holds when the
@@ -106,8 +106,8 @@ def check(args: argparse.Namespace, template: list[str], model: Path, work: Path
                    settings=settings, max_input_len=128, price_per_hour=0.10)
     if not report.passed or report.capacity is None:
         sys.exit(f"the smoke failed: {report.failure} (log {work / 'smoke.log'})")
-    log(f"   load average {loadavg()}; per rate: the worst round's p95s, the median round's "
-        "p50 and tokens/s, then each round's TTFT p95")
+    log(f"   load average {loadavg()}; per rate: the median round's p95s, p50 "
+        "and tokens/s, then each round's TTFT p95")
     log("   rate  sent  errors  TTFT p50 / p95 ms  TPOT p95 ms  out tok/s  rounds' TTFT p95 ms")
     for p in report.capacity.points:
         each = ", ".join(_ms(s.ttft_p95_s) for s in p.samples)

@@ -156,7 +156,7 @@ def show_lines(info: dict[str, Any]) -> list[str]:
 
 def curve_line(value: object) -> str | None:
     """`1/s 50/12 ms · 2/s 80/14 ms … (TTFT/TPOT p95; stopped: ttft)`: a report's capacity
-    curve on one line (None when it has none); measured in rounds, each rate's worst round,
+    curve on one line (None when it has none); measured in rounds, each rate's median round,
     and `[2 of 3]` after a rate that only some rounds reached."""
     from pipeline.serving.capacity import curve_from_dict
 
@@ -171,7 +171,7 @@ def curve_line(value: object) -> str | None:
                         + (f" ({p.errors} errors)" if p.errors else "")
                         + (f" [{len(p.samples)} of {found.rounds}]"
                            if len(p.samples) < found.rounds else "") for p in found.points)
-    rounds = f", the worst of {found.rounds} rounds" if found.rounds > 1 else ""
+    rounds = f", the median of {found.rounds} rounds" if found.rounds > 1 else ""
     return f"{points} (TTFT/TPOT p95{rounds}; stopped: {found.stopped})"
 
 

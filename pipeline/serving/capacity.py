@@ -7,23 +7,24 @@ the `capacity` field of the report's JSON), so it is evidence like the rest: per
 SKU and fingerprint, in the registry and in the store's records.
 
 The rates are measured in *rounds*, interleaved: each round goes up the rates, lowest first,
-until one of its points passes a ceiling (and no higher than where an earlier round stopped),
-then the next round starts again from the lowest (so a neighbour's burst of load falls on one
-round of a few rates, not on every sample of one rate). A curve point is its rate's rounds
-combined (`combined`): the p95s are the worst round's, the p50s, request time and tokens/s
-the median round's, the counts summed; the rounds themselves are kept in the point
-(`RatePoint.rounds`, the JSON's `rounds`). A report from before rounds holds one sample per
-rate: one round.
+until one of its points passes a ceiling, then the next round starts again from the lowest
+(so a neighbour's burst of load falls on one round of a few rates, not on every sample of one
+rate). A curve point is its rate's rounds combined (`combined`): the p95s, the p50s, request
+time and tokens/s the median round's, the counts summed; the rounds themselves are kept in the
+point (`RatePoint.rounds`, the JSON's `rounds`). A report from before rounds holds one sample
+per rate: one round.
 
-`capacity_at` reads the highest rate at which an objective holds: the SLO holds at a measured
-rate when, in every round, that rate and every lower one met each ceiling it names with no
-errors (a rate that a round never reached, having passed a ceiling below it, did not hold).
-A single slow round lowers the reading; no round, however fast, raises it. The capacity is
-the last measured rate that held, never a rate read between it and the first that broke:
-latency climbs ever more steeply toward saturation, so a straight line between the two points
-crosses the ceiling too late (bench/advise_check.py measured the SLO broken at such a
-reading), and never past a measured rate; when every point holds, the capacity is the highest
-rate measured, said as a lower bound (`measured_limit`).
+`capacity_at` reads the highest rate at which an objective holds, by the rule the A/B gate
+and bench/advise_check.py decide by, the median of the rounds: the SLO holds at a measured
+rate when more than half of the curve's rounds met each ceiling it names there (a round that
+never reached the rate, having passed a ceiling below it, did not), no request failed there in
+any round (failures are not noise), and the same held at every lower rate. One slow round of
+three neither lowers nor raises the reading; two do. The capacity is the last measured rate
+that held, never a rate read between it and the first that broke: latency climbs ever more
+steeply toward saturation, so a straight line between the two points crosses the ceiling too
+late (bench/advise_check.py measured the SLO broken at such a reading), and never past a
+measured rate; when every point holds, the capacity is the highest rate measured, said as a
+lower bound (`measured_limit`).
 """
 
 from __future__ import annotations
@@ -76,16 +77,11 @@ class RatePoint:
 
 
 def combined(samples: Sequence[RatePoint]) -> RatePoint:
-    """One rate's rounds as one point: TTFT and TPOT p95 the worst round's (the figures an
-    objective must meet in every round), the p50s, the request p50 time and tokens/s the
-    median round's, the counts and windows summed, the first error the first round's that
-    had one. One sample is returned as it is."""
+    """One rate's rounds as one point: the p95s, the p50s, the request p50 time and tokens/s
+    the median round's (the figures `capacity_at` decides by), the counts and windows summed,
+    the first error the first round's that had one. One sample is returned as it is."""
     if len(samples) == 1:
         return samples[0]
-
-    def worst(values: Sequence[float | None]) -> float | None:
-        found = [v for v in values if v is not None]
-        return max(found) if found else None
 
     def middle(values: Sequence[float | None]) -> float | None:
         found = [v for v in values if v is not None]
@@ -97,9 +93,9 @@ def combined(samples: Sequence[RatePoint]) -> RatePoint:
         completed=sum(s.completed for s in samples), errors=sum(s.errors for s in samples),
         duration_s=sum(s.duration_s for s in samples),
         ttft_p50_s=middle([s.ttft_p50_s for s in samples]),
-        ttft_p95_s=worst([s.ttft_p95_s for s in samples]),
+        ttft_p95_s=middle([s.ttft_p95_s for s in samples]),
         tpot_p50_s=middle([s.tpot_p50_s for s in samples]),
-        tpot_p95_s=worst([s.tpot_p95_s for s in samples]),
+        tpot_p95_s=middle([s.tpot_p95_s for s in samples]),
         latency_p50_s=middle([s.latency_p50_s for s in samples]),
         output_tokens=sum(s.output_tokens for s in samples),
         output_tokens_per_s=statistics.median(s.output_tokens_per_s for s in samples),
@@ -211,20 +207,45 @@ class Slo:
     tpot_p95_s: float | None = None
 
     def misses(self, point: RatePoint, rounds: int = 1) -> list[str]:
-        """What *point*, combined from its rounds, misses of this objective in any of them,
-        one phrase each (empty: it held in every one of the curve's *rounds*)."""
+        """What *point*, combined from its rounds, misses of this objective (module doc: more
+        than half of the curve's *rounds* met it there, and no request failed), one phrase
+        each; empty: it held."""
+        samples = point.samples
+        counted = max(rounds, len(samples))
+        met = sum(1 for sample in samples if not self._misses_once(sample))
+        if met * 2 > counted and not point.errors:
+            return []
+        if counted == 1:
+            return self._misses_once(point)
         found = []
-        if len(point.samples) < rounds:
-            found.append(f"reached in {len(point.samples)} of {rounds} rounds (the others "
-                         "passed a ceiling below it)")
+        if len(samples) < rounds:
+            found.append(f"reached in {len(samples)} of {rounds} rounds (the others passed a "
+                         "ceiling below it)")
         if point.errors or not point.completed:
             found.append(f"{point.errors}/{point.sent} requests failed")
-        worst = f" (the worst of {len(point.samples)} rounds)" if point.rounds else ""
+        median = f" (the median of {len(samples)} rounds)" if len(samples) > 1 else ""
         if point.ttft_p95_s is None or point.ttft_p95_s > self.ttft_p95_s:
-            found.append(_over("TTFT", point.ttft_p95_s, self.ttft_p95_s) + worst)
+            found.append(_over("TTFT", point.ttft_p95_s, self.ttft_p95_s) + median)
         if self.tpot_p95_s is not None and (
                 point.tpot_p95_s is None or point.tpot_p95_s > self.tpot_p95_s):
-            found.append(_over("TPOT", point.tpot_p95_s, self.tpot_p95_s) + worst)
+            found.append(_over("TPOT", point.tpot_p95_s, self.tpot_p95_s) + median)
+        if not found:  # the median round held, yet not more than half of the rounds did
+            missed = [sample for sample in samples if self._misses_once(sample)]
+            slowest = max(missed, key=self.shortfall)
+            found.append(f"{'; '.join(self._misses_once(slowest))} in one of {counted} rounds, "
+                         f"met in {met}: not more than half")
+        return found
+
+    def _misses_once(self, point: RatePoint) -> list[str]:
+        """What one round's *point* misses: failed requests, a p95 over its ceiling."""
+        found = []
+        if point.errors or not point.completed:
+            found.append(f"{point.errors}/{point.sent} requests failed")
+        if point.ttft_p95_s is None or point.ttft_p95_s > self.ttft_p95_s:
+            found.append(_over("TTFT", point.ttft_p95_s, self.ttft_p95_s))
+        if self.tpot_p95_s is not None and (
+                point.tpot_p95_s is None or point.tpot_p95_s > self.tpot_p95_s):
+            found.append(_over("TPOT", point.tpot_p95_s, self.tpot_p95_s))
         return found
 
     def shortfall(self, point: RatePoint) -> float:

@@ -116,12 +116,11 @@ def measure_curve(
     settings: CapacitySettings, *, max_tokens: int,
 ) -> Curve:
     """*settings*' rounds, interleaved: each runs `run_rate` at the rates, lowest first, until
-    a point passes a ceiling or fails requests (`pipeline.serving.capacity.stop_reason`),
-    and goes no higher than the rate where an earlier round stopped (past it no rate can
-    hold in every round); round *n* draws its arrivals from seed + *n*. The points of each
+    a point passes a ceiling or fails requests (`pipeline.serving.capacity.stop_reason`);
+    round *n* draws its arrivals from seed + *n*. The points of each
     rate combined (`pipeline.serving.capacity.curve_of_rounds`)."""
     ttft_ceiling, tpot_ceiling = settings.ttft_p95_ms / 1000, settings.tpot_p95_ms / 1000
-    rates = list(settings.rates)
+    rates = tuple(settings.rates)
     rounds: list[tuple[list[RatePoint], StopReason]] = []
     for index in range(settings.rounds):
         points: list[RatePoint] = []
@@ -132,7 +131,6 @@ def measure_curve(
             points.append(point)
             if (reason := stop_reason(point, ttft_ceiling, tpot_ceiling)) is not None:
                 stopped = reason
-                rates = rates[:len(points)]
                 break
         rounds.append((points, stopped))
     return curve_of_rounds(rounds, ttft_p95_ceiling_s=ttft_ceiling,

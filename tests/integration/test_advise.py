@@ -337,7 +337,7 @@ def test_a_build_records_the_curve_and_advise_follows_the_pool_fingerprint(
     assert len(servable) == 2
     shown = box.run("show", servable[0]).stdout
     assert "    curve   2/s " in shown
-    assert "(TTFT/TPOT p95, the worst of 2 rounds; stopped: " in shown
+    assert "(TTFT/TPOT p95, the median of 2 rounds; stopped: " in shown
     advice = json.loads(box.run("advise", "--model", "toy", "--ttft-p95", "400ms", "--rate",
                                 "1/s", "--json").stdout)
     assert sorted(o["digest"] for o in advice["ranked"]) == sorted(servable)
@@ -369,7 +369,8 @@ def _sample(rate: float, ttft: float) -> RatePoint:
 def test_curves_in_rounds_and_curves_from_before_rounds_both_serve_advise_show_and_compare(
         tmp_path: Path) -> None:
     """A proof whose curve was measured in three interleaved rounds (one slow round passed
-    the ceiling at 8/s and never sent 16/s: the capacity is 4/s, where every round held),
+    the ceiling at 8/s and never sent 16/s: the capacity is 8/s, where two of three rounds
+    held, the median round's rule; 16/s broke in both rounds that reached it),
     beside a proof stored before rounds (one sample per rate, no `rounds` in its JSON):
     advise, show and compare read both."""
     home = tmp_path / "home"
@@ -398,14 +399,14 @@ def test_curves_in_rounds_and_curves_from_before_rounds_both_serve_advise_show_a
     advice = json.loads(cli(home, "advise", "--model", "r", "--ttft-p95", "300ms", "--rate",
                             "8/s", "--json").stdout)
     found = {o["digest"]: o for o in advice["ranked"]}
-    assert found[rounds]["capacity_rps"] == 4  # 8/s broke in one round of three
-    assert found[rounds]["at_capacity"]["ttft_p95_s"] == 0.25  # the worst round at 4/s
+    assert found[rounds]["capacity_rps"] == 8  # 8/s broke in one round of three only
+    assert found[rounds]["at_capacity"]["ttft_p95_s"] == 0.25  # the median round at 8/s
     assert found[rounds]["at_capacity"]["rounds"] == 3
     assert (found[old]["capacity_rps"], found[old]["at_capacity"]["rounds"]) == (2, 1)
 
     shown = cli(home, "show", rounds).stdout
-    assert ("    curve   2/s 100/20 ms · 4/s 250/20 ms · 8/s 2500/20 ms · "
-            "16/s 900/20 ms [2 of 3] (TTFT/TPOT p95, the worst of 3 rounds; stopped: ttft)"
+    assert ("    curve   2/s 100/20 ms · 4/s 200/20 ms · 8/s 250/20 ms · "
+            "16/s 850/20 ms [2 of 3] (TTFT/TPOT p95, the median of 3 rounds; stopped: ttft)"
             ) in shown
     assert ("    curve   1/s 100/20 ms · 2/s 200/20 ms · 4/s 400/20 ms "
             "(TTFT/TPOT p95; stopped: ttft)") in cli(home, "show", old).stdout
