@@ -2,8 +2,8 @@
 separate open-loop run.
 
 Run: `.venv/bin/python bench/advise_check.py [--slo-ms 250] [--rates 4,8,16,32,64]
-[--duration 10] [--check-duration 15] [--rounds 3] [--check-rounds N]` from the repository
-root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vllm --check` fails).
+[--duration 10] [--check-duration 15] [--rounds 3] [--check-rounds N] [--settle 20]` from the
+repository root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vllm --check` fails).
 
 1. vLLM's CPU build serves the tiny Llama (`scripts/make_tiny_model.py`; the argv a vLLM
    manifest stores, `--enforce-eager`, max-num-seqs 4) through `smoke()` with
@@ -12,13 +12,14 @@ root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vl
    the next starts again from the lowest: `smoke.capacity.rounds`).
 2. The report is recorded as the proof of an imported vLLM entry in a fresh registry
    (`history.record_smoke`, as a build records it), and `enginectl advise --ttft-p95 SLO`
-   reads the capacity off it (the highest rate at which more than half of the rounds held,
-   the median round's rule, and every lower rate too).
+   reads the capacity off it (the highest rate the objective held at in every round, every
+   lower rate holding in more than half of them: pipeline.serving.capacity).
 3. A second server, new schedules (other seeds): `run_rate` at the advised capacity and at
    1.5× it, --check-duration s each, interleaved for --check-rounds rounds (default:
    --rounds), so that a neighbour's load falls on both sides alike. The claim holds when the
    median of the rounds' TTFT p95 is within the objective at the capacity and beyond it at
-   1.5×.
+   1.5×. After each 1.5× run the server is left --settle s alone: an overload's after-effects
+   measured 2× the TTFT p95 of a capacity run that followed it at once.
 
 `--quick` checks that the script runs, in seconds and without vLLM: the same three steps
 against the stdlib stand-in server (tests/fakes/openai_server.py), two rates of a second
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -67,6 +69,8 @@ def main() -> None:
                         help="the curve's rounds, interleaved (smoke.capacity.rounds)")
     parser.add_argument("--check-rounds", type=_rounds, default=None,
                         help="check rounds, interleaved (default: --rounds)")
+    parser.add_argument("--settle", type=float, default=20.0,
+                        help="s of quiet after each 1.5x run, before the next run")
     parser.add_argument("--max-tokens", type=int, default=16)
     add_quick(parser)
     args = parser.parse_args()
@@ -74,7 +78,7 @@ def main() -> None:
     quick = quick_mode(args.quick)
     if quick:
         args.rates, args.duration, args.check_duration = "4,8", 1.0, 1.0
-        args.rounds, args.check_rounds = 2, 1
+        args.rounds, args.check_rounds, args.settle = 2, 1, 0.0
     if args.check_rounds is None:
         args.check_rounds = args.rounds
     with tempfile.TemporaryDirectory(prefix="advise-check-") as tmp:
@@ -166,6 +170,8 @@ def check_runs(template: list[str], model: Path, settings: SmokeSettings, work: 
                 log(f"   round {round_ + 1} {label:>14}: {rate:6.2f} requests/s, {p.sent} "
                     f"sent, {p.errors} errors, TTFT p50 {_ms(p.ttft_p50_s)} ms, p95 "
                     f"{_ms(p.ttft_p95_s)} ms; load average {loadavg()}")
+                if label != "capacity":  # an overload's after-effects stay out of the next run
+                    time.sleep(args.settle)
     return p95s
 
 

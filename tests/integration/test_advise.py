@@ -369,8 +369,8 @@ def _sample(rate: float, ttft: float) -> RatePoint:
 def test_curves_in_rounds_and_curves_from_before_rounds_both_serve_advise_show_and_compare(
         tmp_path: Path) -> None:
     """A proof whose curve was measured in three interleaved rounds (one slow round passed
-    the ceiling at 8/s and never sent 16/s: the capacity is 8/s, where two of three rounds
-    held, the median round's rule; 16/s broke in both rounds that reached it),
+    the ceiling at 8/s and never sent 16/s: the capacity is 4/s, the highest rate held in
+    every round; 8/s held by the median round only, 16/s broke),
     beside a proof stored before rounds (one sample per rate, no `rounds` in its JSON):
     advise, show and compare read both."""
     home = tmp_path / "home"
@@ -399,8 +399,8 @@ def test_curves_in_rounds_and_curves_from_before_rounds_both_serve_advise_show_a
     advice = json.loads(cli(home, "advise", "--model", "r", "--ttft-p95", "300ms", "--rate",
                             "8/s", "--json").stdout)
     found = {o["digest"]: o for o in advice["ranked"]}
-    assert found[rounds]["capacity_rps"] == 8  # 8/s broke in one round of three only
-    assert found[rounds]["at_capacity"]["ttft_p95_s"] == 0.25  # the median round at 8/s
+    assert found[rounds]["capacity_rps"] == 4  # 8/s broke in one round of three
+    assert found[rounds]["at_capacity"]["ttft_p95_s"] == 0.2  # the median round at 4/s
     assert found[rounds]["at_capacity"]["rounds"] == 3
     assert (found[old]["capacity_rps"], found[old]["at_capacity"]["rounds"]) == (2, 1)
 

@@ -109,17 +109,20 @@ def test_a_rates_rounds_combine_into_their_median_round() -> None:
     assert lone.samples == (lone,)
 
 
-def test_capacity_needs_most_rounds_to_hold_at_that_rate_and_below() -> None:
-    """One slow round of three (400 ms at 8/s) neither lowers the reading nor, at 16/s where
-    two of three broke, raises it: 8/s. The median round is what the A/B gate and the
-    bench's check decide by."""
+def test_capacity_is_a_rate_held_in_every_round_with_every_lower_rate_held_by_most() -> None:
+    """A burst in one round at 2/s does not cap the reading (two of three held there); 8/s
+    held by the median but not in the second round, so it is not advised; 16/s broke in
+    two of three: 4/s, where every round held."""
     found = capacity_at(rounds_curve(
         [point(2, 0.1), point(4, 0.2), point(8, 0.25), point(16, 0.9)],
-        [point(2, 0.1), point(4, 0.25), point(8, 0.4), point(16, 0.2)],
+        [point(2, 0.5), point(4, 0.25), point(8, 0.4), point(16, 0.2)],
         [point(2, 0.1), point(4, 0.1), point(8, 0.2), point(16, 0.8)]), Slo(0.3))
-    assert found.rate == 8
-    assert found.ttft_p95_s == pytest.approx(0.25)  # the median round at 8/s
+    assert found.rate == 4
+    assert found.ttft_p95_s == pytest.approx(0.2)  # the median round at 4/s
     assert found.rounds == 3
+    assert Slo(0.3).misses_in_a_round(point(8, 0.4), 3) == [
+        "reached in 1 of 3 rounds (the others passed a ceiling below it)",
+        "TTFT p95 400 ms is 100 ms over 300 ms in 1 of 3 rounds"]
 
 
 def test_two_slow_rounds_of_three_break_a_rate_and_every_rate_above_it() -> None:
@@ -142,20 +145,21 @@ def test_a_failed_request_in_any_round_breaks_the_rate() -> None:
 
 
 def test_a_rate_that_only_some_rounds_reached_counts_them_as_not_held() -> None:
-    """The second round passed the curve's ceiling at 4/s and never sent 8/s: two of three
-    rounds held at 8/s, a majority; had one of those two been slow, 8/s would not hold."""
+    """The second round passed the curve's ceiling at 4/s and never sent 8/s: 8/s held by
+    the median (two of three rounds) but not in every round, so it is not the capacity; had
+    one of those two been slow, it would not even hold."""
     made = rounds_curve([point(2, 0.1), point(4, 0.2), point(8, 0.2)],
                         [point(2, 0.1), point(4, 2.5)],
                         [point(2, 0.1), point(4, 0.2), point(8, 0.2)],
                         stops=("rates", "ttft", "rates"))
     assert made.stopped == "ttft"
     assert [len(p.samples) for p in made.points] == [3, 3, 2]
-    assert capacity_at(made, Slo(3.0)).rate == 8
+    assert capacity_at(made, Slo(3.0)).rate == 4  # held in every round; 8/s in two of three
     slow = rounds_curve([point(2, 0.1), point(4, 0.2), point(8, 0.2)],
                         [point(2, 0.1), point(4, 2.5)],
                         [point(2, 0.1), point(4, 0.2), point(8, 2.9)],
                         stops=("rates", "ttft", "rates"))
-    assert capacity_at(slow, Slo(1.0)).rate == 4
+    assert capacity_at(slow, Slo(1.0)).rate == 2  # 4/s held by the median, not in round 2
     assert Slo(1.0).misses(slow.points[2], slow.rounds) == [
         "reached in 2 of 3 rounds (the others passed a ceiling below it)",
         "TTFT p95 1550 ms is 550 ms over 1000 ms (the median of 2 rounds)"]
