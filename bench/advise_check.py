@@ -3,7 +3,8 @@ separate open-loop run.
 
 Run: `.venv/bin/python bench/advise_check.py [--slo-ms 250] [--rates 4,8,16,32,64]
 [--duration 10] [--check-duration 15] [--rounds 3] [--check-rounds N] [--settle 20]` from the
-repository root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vllm --check` fails).
+repository root (≈10–20 min on 2 cores; skipped with a message when `scripts/install-vllm
+--check` fails).
 
 1. vLLM's CPU build serves the tiny Llama (`scripts/make_tiny_model.py`; the argv a vLLM
    manifest stores, `--enforce-eager`, max-num-seqs 4) through `smoke()` with
