@@ -73,6 +73,8 @@ class Boto3Reader:
     """`RangeReader.read_into` with boto3's streaming read (`Bucket.read_into`, what the
     reader replaced) moving the bytes."""
 
+    splices = False  # boto3 moves the bodies itself: the store sizes its threads for that
+
     def __init__(self, bucket: Any) -> None:
         self.bucket = bucket
 
