@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from registry.errors import ConflictError, SchemaError
 from registry.sql import leases, records, smoke_records
@@ -93,19 +93,12 @@ def test_passing_smoke_reports_keep_the_best_throughput_on_the_artifact(
 
 def test_migrating_from_0001_backfills_the_best_throughput(registry_url: str) -> None:
     """A registry written by an enginectl at schema 0001, with smoke reports, upgraded."""
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy.orm import Session
 
-    from registry.sql.schema import migrations_dir
 
     engine = make_engine(registry_url)
     try:
-        with engine.begin() as connection:
-            config = Config()
-            config.set_main_option("script_location", str(migrations_dir()))
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0001")
+        _upgrade_to(engine, "0001")
         with Session(engine) as session, session.begin():
             ids = {name: records.add_artifact(session, make_record(name))
                    for name in ("smoked", "unsmoked")}
@@ -168,22 +161,15 @@ def test_migrating_from_0003_gives_resolve_its_indexes_and_keeps_its_answer(
     """0004 swaps resolve's indexes (artifacts, smoke_reports) for ones that hold what it
     reads: the rows written at 0003 stay, resolve reads them as before, and the old indexes
     are gone."""
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import inspect
     from sqlalchemy.orm import Session
 
     from registry.ops.resolve import candidates_for
-    from registry.sql.schema import migrations_dir
 
     record = make_record("engine", status="ready")
     engine = make_engine(registry_url)
     try:
-        with engine.begin() as connection:
-            config = Config()
-            config.set_main_option("script_location", str(migrations_dir()))
-            config.attributes["connection"] = connection
-            command.upgrade(config, "0003")
+        _upgrade_to(engine, "0003")
         with Session(engine) as session, session.begin():  # 0003's columns are the head's
             records.add_artifact(session, record)
             smoke_records.add_smoke_report(session, record.digest, True,
@@ -209,3 +195,18 @@ def test_migrating_from_0003_gives_resolve_its_indexes_and_keeps_its_answer(
     assert "ix_artifacts_model_status_kind_gpu" not in artifacts
     assert "ix_smoke_reports_artifact_id_gpu" in reports
     assert "ix_smoke_reports_artifact_id" not in reports
+
+
+def _upgrade_to(engine: Engine, revision: str) -> None:
+    """Migrate the registry behind *engine* up to *revision* with Alembic, as an older
+    enginectl would have left it."""
+    from alembic import command
+    from alembic.config import Config
+
+    from registry.sql.schema import migrations_dir
+
+    with engine.begin() as connection:
+        config = Config()
+        config.set_main_option("script_location", str(migrations_dir()))
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
