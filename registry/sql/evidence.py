@@ -1,8 +1,8 @@
 """Evidence: where an artifact was proven to serve.
 
-- `evidence_for`: the best passing smoke throughput per GPU SKU (or "CPU"), as
-  `registry.sql.smoke_records.add_smoke_report` keeps it in `artifact_evidence`; `ls` and
-  `show` list them all.
+- `gpus_proven`: the GPU SKUs (or "CPU") each artifact passed a smoke on, as
+  `registry.sql.smoke_records.add_smoke_report` keeps them in `artifact_evidence` (`ls` and
+  `show` read the same table on the driver: `registry.sql.listing`).
 - `proofs_on` and `nearest`: what `registry.ops.resolve` ranks by — the latest passing proof on
   the fingerprint the node has now, or the nearest one, said as such (`Used`): same SKU and
   driver branch before same SKU only. Never the best number ever recorded.
@@ -21,44 +21,13 @@ from typing import Any, Final, Literal
 from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
-from registry.sql.models import Artifact, SmokeReportRow
 from registry.sql.models import ArtifactEvidence as EvidenceRow
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """The best passing smoke throughput of one artifact on one GPU SKU (or "CPU")."""
-
-    digest: str
-    gpu: str
-    best_tokens_per_s: float | None
-    passed_at: datetime
-
-
-def evidence_for(session: Session, digests: list[str]) -> dict[str, list[Evidence]]:
-    """For each of *digests*, its passing evidence per GPU, ordered by GPU name; one query
-    per 500 digests. A digest with none (never smoked, or only by an enginectl older than
-    schema 0003) maps to an empty list."""
-    found: dict[str, list[Evidence]] = {digest: [] for digest in digests}
-    if not digests:
-        return found
-    query = (
-        select(Artifact.digest, EvidenceRow.gpu, EvidenceRow.best_tokens_per_s,
-               EvidenceRow.passed_at)
-        .join(EvidenceRow, EvidenceRow.artifact_id == Artifact.id)
-        .order_by(Artifact.digest, EvidenceRow.gpu)
-    )
-    ordered = sorted(set(digests))
-    for first in range(0, len(ordered), 500):  # bound the parameters of one statement
-        chunk = ordered[first:first + 500]
-        for row in session.execute(query.where(Artifact.digest.in_(chunk))):
-            found[row.digest].append(Evidence(*row))
-    return found
+from registry.sql.models import SmokeReportRow
 
 
 def gpus_proven(session: Session, artifacts: Mapping[int, str]) -> dict[str, list[str]]:
     """The GPUs (or "CPU") each of *artifacts* (row id -> digest) passed a smoke on, by
-    name, by digest: `evidence_for`'s rows by row id, one query per 500 (resolve's words)."""
+    name, by digest: `artifact_evidence`'s rows by row id, one query per 500 (resolve's words)."""
     found: dict[str, list[str]] = {}
     ids = sorted(artifacts)
     connection = session.connection()  # Core's execution alone, as in proofs_on

@@ -16,9 +16,9 @@ from registry.errors import UnknownModelError
 from registry.gpus import lookup_gpu
 from registry.ops.resolve import Request, resolve
 from registry.sql import smoke_records
-from registry.sql.evidence import evidence_for
 from tests.cli_forkserver import ENGINECTL, run_cli
 from tests.deploy import artifacts
+from tests.integration.show_reference import evidence_for
 
 H100, H200 = "H100-SXM5-80GB", "H200-SXM-141GB"
 

@@ -3,17 +3,53 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from registry.context import Context
 from registry.ops.fetch import load_manifest
 from registry.sql import alias_records, leases, records, refit_evidence, smoke_records
 from registry.sql.alias_records import pinned_by_rollback
-from registry.sql.evidence import Evidence, evidence_for
+from registry.sql.models import Artifact
+from registry.sql.models import ArtifactEvidence as EvidenceRow
 from registry.sql.records import ArtifactRecord
 from registry.sql.refit_verdict import held_back
 from registry.sql.refs import resolve_ref
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The best passing smoke throughput of one artifact on one GPU SKU (or "CPU")."""
+
+    digest: str
+    gpu: str
+    best_tokens_per_s: float | None
+    passed_at: datetime
+
+
+def evidence_for(session: Session, digests: list[str]) -> dict[str, list[Evidence]]:
+    """For each of *digests*, its passing evidence per GPU, ordered by GPU name; one query
+    per 500 digests. A digest with none (never smoked, or only by an enginectl older than
+    schema 0003) maps to an empty list."""
+    found: dict[str, list[Evidence]] = {digest: [] for digest in digests}
+    if not digests:
+        return found
+    query = (
+        select(Artifact.digest, EvidenceRow.gpu, EvidenceRow.best_tokens_per_s,
+               EvidenceRow.passed_at)
+        .join(EvidenceRow, EvidenceRow.artifact_id == Artifact.id)
+        .order_by(Artifact.digest, EvidenceRow.gpu)
+    )
+    ordered = sorted(set(digests))
+    for first in range(0, len(ordered), 500):  # bound the parameters of one statement
+        chunk = ordered[first:first + 500]
+        for row in session.execute(query.where(Artifact.digest.in_(chunk))):
+            found[row.digest].append(Evidence(*row))
+    return found
 
 
 def artifact_dict(record: ArtifactRecord, aliases: list[str]) -> dict[str, Any]:

@@ -12,11 +12,10 @@ import pytest
 from registry.errors import NoRegistryError
 from registry.sql import alias_records, records, smoke_records
 from registry.sql.db import Registry
-from registry.sql.evidence import evidence_for
 from registry.sql.listing import listed_artifacts, schema_revision
 from registry.sql.schema import HEAD, current
 from tests.integration.db_fixtures import make_record
-from tests.integration.show_reference import artifact_dict
+from tests.integration.show_reference import artifact_dict, evidence_for
 
 FILTERS: list[dict[str, str]] = [
     {}, {"model": "llama-8b"}, {"model": "other"}, {"status": "ready"}, {"kind": "vllm"},
