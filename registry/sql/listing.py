@@ -5,8 +5,8 @@ command's whole answer, so neither imports it.
 `listed_artifacts` answers exactly what `registry.ops.inventory.ls` answered through the ORM
 (`records.list_artifacts`, the `artifact_evidence` rows and `alias_records.aliases_for`;
 tests/integration/test_listing.py holds the two to one answer): the artifacts matching the
-filters, oldest first, each as a dict of its row with its aliases and the GPUs it passed a smoke run on. It reads only a registry at the
-schema head (`lookup.HEAD`) and refuses any other (`refuse_unless_head`) in the words and
+filters, oldest first, each as a dict of its row with its aliases and the GPUs it passed a
+smoke run on. It reads only a registry at the schema head (`lookup.HEAD`) and refuses any other (`refuse_unless_head`) in the words and
 errors that opening it for reading through the ORM uses (`registry.sql.db`).
 """
 
