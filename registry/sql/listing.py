@@ -6,8 +6,9 @@ command's whole answer, so neither imports it.
 (`records.list_artifacts`, the `artifact_evidence` rows and `alias_records.aliases_for`;
 tests/integration/test_listing.py holds the two to one answer): the artifacts matching the
 filters, oldest first, each as a dict of its row with its aliases and the GPUs it passed a
-smoke run on. It reads only a registry at the schema head (`lookup.HEAD`) and refuses any other (`refuse_unless_head`) in the words and
-errors that opening it for reading through the ORM uses (`registry.sql.db`).
+smoke run on. It reads only a registry at the schema head (`lookup.HEAD`) and refuses any
+other (`refuse_unless_head`) in the words and errors that opening it for reading through the
+ORM uses (`registry.sql.db`).
 """
 
 from __future__ import annotations
