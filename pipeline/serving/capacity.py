@@ -296,7 +296,7 @@ class Capacity:
     measured figures at that rate."""
 
     rate: float | None
-    measured_limit: bool = False  # every measured point held: a lower bound
+    measured_limit: bool = False  # the highest rate measured held: a lower bound
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
     latency_p50_s: float | None = None
