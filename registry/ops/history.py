@@ -40,13 +40,12 @@ from registry.identity.layout import (
     record_name,
 )
 from registry.sql import alias_records, records, smoke_records
-from registry.sql.models import ARTIFACT_STATUSES, utcnow
 from registry.sql.smoke_records import SmokeRecord
+from registry.sql.tables import ARTIFACT_STATUSES, utcnow
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from registry.context import Context
+    from registry.sql.rows import Executor
     from registry.store.base import Store
 
 SCHEMA: Final = "enginectl.record/v1"
@@ -213,7 +212,7 @@ def iter_names(store: Store) -> Iterator[str]:
 # writers: SQL statements, then the store record, then the caller's commit
 
 
-def set_status_and_record(store: Store, session: Session, digest: str,
+def set_status_and_record(store: Store, session: Executor, digest: str,
                           status: records.ArtifactStatus, reason: str | None = None) -> None:
     """Move *digest* to *status* (`records.set_status`'s rules) and record it."""
     at = utcnow()
@@ -229,7 +228,7 @@ def record_registered(store: Store, record: records.ArtifactRecord) -> None:
                             record.recipe_digest))
 
 
-def add_smoke_report_and_record(store: Store, session: Session, digest: str, passed: bool,
+def add_smoke_report_and_record(store: Store, session: Executor, digest: str, passed: bool,
                                 report: dict[str, Any], *, gpu: str | None = None,
                                 toolchain: dict[str, Any] | None = None,
                                 key: str | None = None) -> None:
@@ -240,7 +239,7 @@ def add_smoke_report_and_record(store: Store, session: Session, digest: str, pas
     put(store, SmokeRecord(digest, passed, report, at, gpu, toolchain, key))
 
 
-def set_alias_and_record(store: Store, session: Session, name: str, digest: str,
+def set_alias_and_record(store: Store, session: Executor, name: str, digest: str,
                          note: str | None = None, *, details: dict[str, Any] | None = None,
                          always: bool = False) -> str | None:
     """Point *name* at *digest* (`alias_records.set_alias`) and record the move; no record when
@@ -254,7 +253,7 @@ def set_alias_and_record(store: Store, session: Session, name: str, digest: str,
     return previous
 
 
-def remove_alias_and_record(store: Store, session: Session, name: str,
+def remove_alias_and_record(store: Store, session: Executor, name: str,
                             note: str | None = None) -> str:
     """Remove *name* (`alias_records.remove_alias`) and record it; returns its last digest."""
     at = utcnow()

@@ -46,9 +46,10 @@ from registry.sql.pending_publishes import TTL, add_pending, drop_pending, renew
 from registry.workers import WORKERS, Workers
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from sqlalchemy import Connection
 
     from registry.context import Context
+    from registry.sql.rows import Executor
 
 
 class Pending:
@@ -72,11 +73,11 @@ class Pending:
         pending = cls(ctx, sources, uuid.uuid4().hex)
         owner = f"{socket.gethostname()}-{os.getpid()}"
         sent = time.monotonic()
-        with ctx.registry.session() as session:
+        with ctx.registry.connection() as session:
             add_pending(session, pending.id, owner=owner, ttl=ttl,
                         blobs=sorted(str(d) for d in pending.sources))
         if renew:
-            def renew_row(session: Session) -> bool:
+            def renew_row(session: Executor) -> bool:
                 return renew_pending(session, pending.id, ttl=ttl)
 
             pending._heartbeat = Heartbeat(
@@ -119,8 +120,9 @@ class Pending:
         return gone
 
     @contextmanager
-    def committing(self, *, also: Callable[[], None] | None = None) -> Iterator[Session]:
-        """A write session for the rows that reference the blobs, opened under the gc lock
+    def committing(self, *, also: Callable[[], None] | None = None) -> Iterator[Connection]:
+        """A write transaction (a Core connection: `registry.sql.rows.Executor`) for the rows
+        that reference the blobs, opened under the gc lock
         (shared) once *also* (e.g. the manifest, or what a publish whose row was lost
         checks) is done and every blob is in the store again; the pending row is dropped in
         the same transaction."""
@@ -128,7 +130,7 @@ class Pending:
             if also is not None:
                 also()
             self.restore()
-            with self.ctx.registry.session() as session:
+            with self.ctx.registry.connection() as session:
                 yield session
                 drop_pending(session, self.id)
         self.committed = True
@@ -138,7 +140,7 @@ class Pending:
         """Stop renewing and drop the row if it is still there (an aborted publish)."""
         self._stop_renewing()
         if not self.committed:
-            with self.ctx.registry.session() as session:
+            with self.ctx.registry.connection() as session:
                 drop_pending(session, self.id)
 
     def _stop_renewing(self) -> None:

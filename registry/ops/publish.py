@@ -286,7 +286,7 @@ class Publication:
     def commit(self) -> Published:
         from registry.ops import history
         from registry.sql import records
-        from registry.sql.models import utcnow
+        from registry.sql.tables import utcnow
 
         assert self.pending is not None, "begin() first"  # noqa: S101 - phase order
         assert self.manifest is not None, "prepare() first"  # noqa: S101 - phase order
@@ -336,7 +336,7 @@ class Publication:
         from registry.sql import records
 
         assert self.record is not None  # noqa: S101 - set with the manifest
-        with self.ctx.registry.session(readonly=True) as session:
+        with self.ctx.registry.connection(readonly=True) as session:
             deleted = records.get_status(session, self.record.digest) == "deleted"
         if deleted:
             self._put_manifest()  # the lock is held: taking it again could wait on gc

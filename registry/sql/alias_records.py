@@ -8,27 +8,29 @@ from the same history.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, insert, select, update
-from sqlalchemy.orm import Session
 
 from registry.errors import ConflictError, RecordNotFoundError
 from registry.sql.alias_pins import AliasEvent, Pin, rollback_pin
-from registry.sql.models import Alias, AliasEventRow, utcnow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
+from registry.sql.tables import ALIAS_EVENTS, ALIASES, utcnow
+
+if TYPE_CHECKING:
+    from registry.sql.rows import Executor
 
 
-def aliased_in_history(session: Session, keep_superseded: int | None = None) -> set[str]:
+def aliased_in_history(session: Executor, keep_superseded: int | None = None) -> set[str]:
     """What gc keeps for alias history: every artifact an alias points at now, and those
     it pointed at before — all of them (*keep_superseded* None), or the last
     *keep_superseded* distinct ones of each alias (rollback targets, and what an audit of
     "what was prod" needs)."""
-    kept = set(session.scalars(select(Alias.digest)))
-    query = (select(AliasEventRow.name, AliasEventRow.digest)
-             .where(AliasEventRow.digest.is_not(None)).order_by(AliasEventRow.id.desc()))
-    current = dict(session.execute(select(Alias.name, Alias.digest)).tuples().all())
+    kept = set(session.scalars(select(ALIASES.c.digest)))
+    query = (select(ALIAS_EVENTS.c.name, ALIAS_EVENTS.c.digest)
+             .where(ALIAS_EVENTS.c.digest.is_not(None)).order_by(ALIAS_EVENTS.c.id.desc()))
+    current = dict(session.execute(select(ALIASES.c.name, ALIASES.c.digest)).tuples().all())
     before: dict[str, list[str]] = {}
     for name, digest in session.execute(query).tuples():
         if digest is None or digest == current.get(name):
@@ -41,22 +43,22 @@ def aliased_in_history(session: Session, keep_superseded: int | None = None) -> 
     return kept
 
 
-def insert_alias_event(session: Session, name: str, digest: str | None, previous: str | None,
+def insert_alias_event(session: Executor, name: str, digest: str | None, previous: str | None,
                        *, at: datetime, note: str | None = None,
                        details: dict[str, Any] | None = None) -> None:
     """Append one move of *name* to its history as it is (what `reindex` replays)."""
-    session.execute(insert(AliasEventRow).values(
+    session.execute(insert(ALIAS_EVENTS).values(
         name=name, digest=digest, previous_digest=previous, at=at, note=note, details=details))
 
 
-def put_alias(session: Session, name: str, digest: str | None, *, at: datetime) -> None:
+def put_alias(session: Executor, name: str, digest: str | None, *, at: datetime) -> None:
     """Make *name* point at *digest* (None: no alias) without touching its history."""
-    session.execute(delete(Alias).where(Alias.name == name))
+    session.execute(delete(ALIASES).where(ALIASES.c.name == name))
     if digest is not None:
-        session.execute(insert(Alias).values(name=name, digest=digest, updated_at=at))
+        session.execute(insert(ALIASES).values(name=name, digest=digest, updated_at=at))
 
 
-def set_alias(session: Session, name: str, digest: str, note: str | None = None, *,
+def set_alias(session: Executor, name: str, digest: str, note: str | None = None, *,
               details: dict[str, Any] | None = None, at: datetime | None = None,
               always: bool = False) -> str | None:
     """Point *name* at *digest*, record the move (with *note* and *details*, as of *at*) in
@@ -66,11 +68,11 @@ def set_alias(session: Session, name: str, digest: str, note: str | None = None,
     if row_id(session, digest, lock=False)[1] == "deleted":
         raise ConflictError(f"artifact {digest} is deleted; it cannot be aliased", what=digest)
     at = at or utcnow()
-    locked = select(Alias.digest).where(Alias.name == name).with_for_update()
-    previous = session.scalar(locked)
+    locked = select(ALIASES.c.digest).where(ALIASES.c.name == name).with_for_update()
+    previous: str | None = session.scalar(locked)
     if previous is None:
-        stmt = insert_for(session, Alias).values(name=name, digest=digest, updated_at=at)
-        if session.execute(stmt.on_conflict_do_nothing().returning(Alias.name)).first():
+        stmt = insert_for(session, ALIASES).values(name=name, digest=digest, updated_at=at)
+        if session.execute(stmt.on_conflict_do_nothing().returning(ALIASES.c.name)).first():
             insert_alias_event(session, name, digest, None, at=at, note=note, details=details)
             return None
         previous = session.scalar(locked)  # another writer created it meanwhile
@@ -80,41 +82,42 @@ def set_alias(session: Session, name: str, digest: str, note: str | None = None,
                                details=details)
         return previous
     session.execute(
-        update(Alias).where(Alias.name == name).values(digest=digest, updated_at=at)
+        update(ALIASES).where(ALIASES.c.name == name).values(digest=digest, updated_at=at)
     )
     insert_alias_event(session, name, digest, previous, at=at, note=note, details=details)
     return previous
 
 
-def remove_alias(session: Session, name: str, note: str | None = None, *,
+def remove_alias(session: Executor, name: str, note: str | None = None, *,
                  at: datetime | None = None) -> str:
     """Remove *name* (history keeps an event with digest None); returns its last digest."""
-    previous = session.scalar(delete(Alias).where(Alias.name == name).returning(Alias.digest))
+    previous: str | None = session.scalar(
+        delete(ALIASES).where(ALIASES.c.name == name).returning(ALIASES.c.digest))
     if previous is None:
         raise RecordNotFoundError("alias", name)
     insert_alias_event(session, name, None, previous, at=at or utcnow(), note=note)
     return previous
 
 
-def get_alias(session: Session, name: str) -> str | None:
-    return session.scalar(select(Alias.digest).where(Alias.name == name))
+def get_alias(session: Executor, name: str) -> str | None:
+    return session.scalar(select(ALIASES.c.digest).where(ALIASES.c.name == name))
 
 
-def aliases_for(session: Session, digest: str) -> list[str]:
-    return sorted(session.scalars(select(Alias.name).where(Alias.digest == digest)))
+def aliases_for(session: Executor, digest: str) -> list[str]:
+    return sorted(session.scalars(select(ALIASES.c.name).where(ALIASES.c.digest == digest)))
 
 
-def alias_history(session: Session, name: str) -> list[AliasEvent]:
+def alias_history(session: Executor, name: str) -> list[AliasEvent]:
     """Every move of *name*, oldest first."""
     query = (
-        select(AliasEventRow.name, AliasEventRow.digest, AliasEventRow.previous_digest,
-               AliasEventRow.at, AliasEventRow.note, AliasEventRow.details)
-        .where(AliasEventRow.name == name).order_by(AliasEventRow.id)
+        select(ALIAS_EVENTS.c.name, ALIAS_EVENTS.c.digest, ALIAS_EVENTS.c.previous_digest,
+               ALIAS_EVENTS.c.at, ALIAS_EVENTS.c.note, ALIAS_EVENTS.c.details)
+        .where(ALIAS_EVENTS.c.name == name).order_by(ALIAS_EVENTS.c.id)
     )
     return [AliasEvent(*row) for row in session.execute(query)]
 
 
-def pinned_by_rollback(session: Session, alias: str) -> Pin | None:
+def pinned_by_rollback(session: Executor, alias: str) -> Pin | None:
     """The rollback that pins *alias* (`registry.sql.alias_pins.rollback_pin` decides)."""
     moves = alias_history(session, alias)
     return rollback_pin(alias, moves[-1] if moves else None, get_alias(session, alias))

@@ -52,15 +52,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, event, text
-from sqlalchemy.orm import ORMExecuteState, Session
+from sqlalchemy import Connection, Engine, event, text
 
 from registry.config import REGISTRY_RETRY_DEFAULT_S, masked_url
 from registry.errors import NoRegistryError, RegistryError
 from registry.sql.engine import READONLY, make_engine, sqlite_file, translating
 from registry.sql.schema import SchemaState, migrate_if, peek_revision, schema_error, schema_state
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import ORMExecuteState, Session
 
 
 def _refuse_orm_writes(state: ORMExecuteState) -> None:
@@ -92,6 +94,31 @@ class Registry:
         `SchemaError` unless it is this binary's head. Read-only sessions skip that check,
         take no write lock on SQLite, and refuse writes.
         """
+        from sqlalchemy.orm import Session  # the ORM: only for a caller that wants one
+
+        with self._connected(readonly) as connection, \
+                Session(bind=connection, expire_on_commit=False) as session, session.begin():
+            if readonly:
+                event.listen(session, "do_orm_execute", _refuse_orm_writes)
+                event.listen(session, "before_flush", _refuse_flush)
+            else:
+                self._check_writable(session)
+            yield session
+
+    @contextmanager
+    def connection(self, *, readonly: bool = False) -> Iterator[Connection]:
+        """One transaction on a Core connection, as `session()` makes one (a write one checks
+        the schema first; committed when the block ends, rolled back when it raises), for
+        the paths that must not import the ORM: a publish and its pending row, a renewal.
+        The functions of `registry.sql` take either (`registry.sql.rows.Executor`). A
+        *readonly* one takes no write lock on SQLite; it is for reads only."""
+        with self._connected(readonly) as connection, connection.begin():
+            if not readonly:
+                self._check_writable(connection)
+            yield connection
+
+    @contextmanager
+    def _connected(self, readonly: bool) -> Iterator[Connection]:
         if self.readonly and not readonly:
             raise RegistryError(f"write attempted on registry {self.url}, opened for reading")
         with translating(self.url), self._engine.connect() as connection:
@@ -99,15 +126,9 @@ class Registry:
             if readonly and self.dialect == "postgresql":
                 # BEGIN READ ONLY in one round trip; reset when the connection goes back
                 connection.execution_options(postgresql_readonly=True)
-            with Session(bind=connection, expire_on_commit=False) as session, session.begin():
-                if readonly:
-                    event.listen(session, "do_orm_execute", _refuse_orm_writes)
-                    event.listen(session, "before_flush", _refuse_flush)
-                else:
-                    self._check_writable(session)
-                yield session
+            yield connection
 
-    def _check_writable(self, session: Session) -> None:
+    def _check_writable(self, session: Session | Connection) -> None:
         rows = session.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
         revision = rows[0] if len(rows) == 1 else None
         state = schema_state(revision)

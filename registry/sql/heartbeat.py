@@ -43,7 +43,7 @@ from registry.sql.db import Registry
 from registry.sql.transient import LEASES
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from registry.sql.rows import Executor
 
 NO_ANSWER: Final = "the registry did not answer in time"
 STOP_WAIT_S: Final = 10.0
@@ -60,7 +60,7 @@ class Heartbeat:
 
     def __init__(self, registry: Registry, key: str, *, owner: str, ttl_s: float,
                  on_lost: Callable[[str], None], taken_at: float | None = None,
-                 renew: Callable[[Session], bool] | None = None, what: str | None = None,
+                 renew: Callable[[Executor], bool] | None = None, what: str | None = None,
                  why_lost: Callable[[], str] | None = None) -> None:
         self.registry, self.key, self.owner, self.ttl_s = registry, key, owner, ttl_s
         self.on_lost, self.taken_at = on_lost, taken_at
@@ -150,7 +150,7 @@ class Heartbeat:
 
         def renew() -> None:
             try:
-                with self.registry.session() as session:
+                with self.registry.connection() as session:
                     answer.append(self.renew(session))
             except Exception as exc:  # noqa: BLE001 - any failure is retried while time is left
                 answer.append(" ".join(f"{type(exc).__name__}: {exc}".split())[:300])
@@ -161,13 +161,13 @@ class Heartbeat:
         attempt.join(max(0.0, timeout_s))
         return answer[0] if answer else NO_ANSWER
 
-    def _renew_lease(self, session: Session) -> bool:
+    def _renew_lease(self, session: Executor) -> bool:
         return leases.renew_lease(session, self.key, owner=self.owner, ttl_s=self.ttl_s)
 
     def _taken_over(self) -> str:
         """Why a lease renewal answered "not yours", from the lease's row."""
         try:
-            with self.registry.session(readonly=True) as session:
+            with self.registry.connection(readonly=True) as session:
                 held = leases.get_stage_run(session, self.key)
         except Exception:  # noqa: BLE001 - the reason is best effort; the loss is certain
             return f"it is no longer held by {self.owner}"

@@ -23,13 +23,15 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from sqlalchemy import ColumnElement, func, literal, or_, select, type_coerce, update
-from sqlalchemy.orm import Session
 
-from registry.sql.models import StageRunRow, UTCDateTime
-from registry.sql.rows import insert_for
+from registry.sql.rows import dialect_of, insert_for
+from registry.sql.tables import STAGE_RUNS, UTCDateTime
+
+if TYPE_CHECKING:
+    from registry.sql.rows import Executor
 
 RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
 
@@ -55,20 +57,20 @@ class StageRunRecord:
     node_id: str | None = None
 
 
-def _db_time(session: Session, now: datetime | None = None,
+def _db_time(session: Executor, now: datetime | None = None,
              plus_s: float = 0.0) -> ColumnElement[datetime]:
     """The database's current time plus *plus_s*, evaluated by the statement it is part of
     (*now* instead, when given). SQLite stores times as text, to the microsecond."""
     if now is not None:
         return literal(now + timedelta(seconds=plus_s), UTCDateTime())
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect_of(session) == "postgresql":
         return type_coerce(func.now() + literal(timedelta(seconds=plus_s)),
                            UTCDateTime())
     text = func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{plus_s:+.3f} seconds").op("||")("000")
     return type_coerce(text, UTCDateTime())
 
 
-def db_now(session: Session) -> datetime:
+def db_now(session: Executor) -> datetime:
     """The database's current time (UTC)."""
     found = session.execute(select(_db_time(session))).scalar_one()
     assert isinstance(found, datetime)  # noqa: S101 - UTCDateTime's result processor
@@ -76,7 +78,7 @@ def db_now(session: Session) -> datetime:
 
 
 def try_acquire_lease(
-    session: Session, key: str, *, owner: str, host: str, pid: int, ttl_s: float,
+    session: Executor, key: str, *, owner: str, host: str, pid: int, ttl_s: float,
     now: datetime | None = None, node_id: str | None = None,
 ) -> bool:
     """Take the lease on stage *key* for *owner* until the database's now + *ttl_s*; True
@@ -94,16 +96,17 @@ def try_acquire_lease(
         "lease_expires_at": _db_time(session, now, ttl_s),
         "artifact_digest": None, "log_location": None, "error": None, "node_id": node_id,
     }
-    stmt = insert_for(session, StageRunRow).values(values)
+    stmt = insert_for(session, STAGE_RUNS).values(values)
     stmt = stmt.on_conflict_do_update(
         index_elements=["key"],
         set_={name: value for name, value in values.items() if name != "key"},
         where=or_(
-            StageRunRow.status != "running", StageRunRow.lease_expires_at <= _db_time(session, now),
-            StageRunRow.owner == owner,
+            STAGE_RUNS.c.status != "running",
+            STAGE_RUNS.c.lease_expires_at <= _db_time(session, now),
+            STAGE_RUNS.c.owner == owner,
         ),
     )
-    if session.execute(stmt.returning(StageRunRow.key)).first() is not None:
+    if session.execute(stmt.returning(STAGE_RUNS.c.key)).first() is not None:
         return True
     held = get_stage_run(session, key)
     if held is None or held.status != "running" or held.host != host or held.pid == pid:
@@ -112,11 +115,11 @@ def try_acquire_lease(
     if not holder_gone(held.pid, age):
         return False
     taken = session.execute(  # conditioned on the same holder: one racer wins
-        update(StageRunRow)
-        .where(StageRunRow.key == key, StageRunRow.owner == held.owner, StageRunRow.pid == held.pid,
-               StageRunRow.status == "running")
+        update(STAGE_RUNS)
+        .where(STAGE_RUNS.c.key == key, STAGE_RUNS.c.owner == held.owner,
+               STAGE_RUNS.c.pid == held.pid, STAGE_RUNS.c.status == "running")
         .values({name: value for name, value in values.items() if name != "key"})
-        .returning(StageRunRow.key)
+        .returning(STAGE_RUNS.c.key)
     )
     return taken.first() is not None
 
@@ -146,21 +149,22 @@ def holder_gone(pid: int, lease_age_s: float) -> bool:
 
 
 def renew_lease(
-    session: Session, key: str, *, owner: str, ttl_s: float, now: datetime | None = None
+    session: Executor, key: str, *, owner: str, ttl_s: float, now: datetime | None = None
 ) -> bool:
     """Extend *owner*'s running lease on *key* to the database's now + *ttl_s*; False when
     it is no longer theirs."""
     result = session.execute(
-        update(StageRunRow)
-        .where(StageRunRow.key == key, StageRunRow.owner == owner, StageRunRow.status == "running")
+        update(STAGE_RUNS)
+        .where(STAGE_RUNS.c.key == key, STAGE_RUNS.c.owner == owner,
+               STAGE_RUNS.c.status == "running")
         .values(lease_expires_at=_db_time(session, now, ttl_s))
-        .returning(StageRunRow.key)
+        .returning(STAGE_RUNS.c.key)
     )
     return result.first() is not None
 
 
 def release_lease(
-    session: Session, key: str, *, owner: str,
+    session: Executor, key: str, *, owner: str,
     status: Literal["succeeded", "failed", "cancelled"],
     artifact_digest: str | None = None, error: str | None = None,
     log_location: str | None = None, now: datetime | None = None,
@@ -168,61 +172,62 @@ def release_lease(
     """Finish *owner*'s run of *key* with its outcome; False (nothing written) when the
     lease was taken over by someone else meanwhile."""
     result = session.execute(
-        update(StageRunRow)
-        .where(StageRunRow.key == key, StageRunRow.owner == owner, StageRunRow.status == "running")
+        update(STAGE_RUNS)
+        .where(STAGE_RUNS.c.key == key, STAGE_RUNS.c.owner == owner,
+               STAGE_RUNS.c.status == "running")
         .values(
             status=status, finished_at=_db_time(session, now),
             lease_expires_at=_db_time(session, now),
             artifact_digest=artifact_digest, error=error, log_location=log_location,
         )
-        .returning(StageRunRow.key)
+        .returning(STAGE_RUNS.c.key)
     )
     return result.first() is not None
 
 
 def cancel_run(
-    session: Session, key: str, *, owner: str, reason: str, now: datetime | None = None
+    session: Executor, key: str, *, owner: str, reason: str, now: datetime | None = None
 ) -> bool:
     """Mark *owner*'s run of *key* `cancelled` with *reason* (a driver's timeout, Ctrl-C):
     its lease is released, or a failure its worker recorded while being stopped is
     corrected. False (nothing written) when the run succeeded or belongs to someone else."""
     result = session.execute(
-        update(StageRunRow)
-        .where(StageRunRow.key == key, StageRunRow.owner == owner,
-               StageRunRow.status.in_(("running", "failed")))
+        update(STAGE_RUNS)
+        .where(STAGE_RUNS.c.key == key, STAGE_RUNS.c.owner == owner,
+               STAGE_RUNS.c.status.in_(("running", "failed")))
         .values(status="cancelled", finished_at=_db_time(session, now),
                 lease_expires_at=_db_time(session, now), error=reason)
-        .returning(StageRunRow.key)
+        .returning(STAGE_RUNS.c.key)
     )
     return result.first() is not None
 
 
-def get_stage_run(session: Session, key: str) -> StageRunRecord | None:
-    row = session.execute(select(StageRunRow.__table__).where(StageRunRow.key == key)).first()
+def get_stage_run(session: Executor, key: str) -> StageRunRecord | None:
+    row = session.execute(select(STAGE_RUNS).where(STAGE_RUNS.c.key == key)).first()
     return None if row is None else StageRunRecord(**row._asdict())
 
 
-def get_stage_runs(session: Session, keys: set[str]) -> dict[str, StageRunRecord]:
+def get_stage_runs(session: Executor, keys: set[str]) -> dict[str, StageRunRecord]:
     """The stage runs of *keys* that exist, in one query."""
     if not keys:
         return {}
-    query = select(StageRunRow.__table__).where(StageRunRow.key.in_(sorted(keys)))
+    query = select(STAGE_RUNS).where(STAGE_RUNS.c.key.in_(sorted(keys)))
     return {row.key: StageRunRecord(**row._asdict()) for row in session.execute(query)}
 
 
-def try_acquire_nightly(session: Session, *, owner: str, host: str, pid: int, ttl_s: float,
+def try_acquire_nightly(session: Executor, *, owner: str, host: str, pid: int, ttl_s: float,
                         now: datetime | None = None) -> bool:
     """Take the nightly lease (see `try_acquire_lease`); True when taken."""
     return try_acquire_lease(session, NIGHTLY_KEY, owner=owner, host=host, pid=pid,
                              ttl_s=ttl_s, now=now)
 
 
-def nightly_holder(session: Session, now: datetime | None = None) -> StageRunRecord | None:
+def nightly_holder(session: Executor, now: datetime | None = None) -> StageRunRecord | None:
     """Who holds the nightly lease now, by the database's clock (None when no nightly
     runs)."""
     row = session.execute(
-        select(StageRunRow.__table__).where(
-            StageRunRow.key == NIGHTLY_KEY, StageRunRow.status == "running",
-            StageRunRow.lease_expires_at > _db_time(session, now))
+        select(STAGE_RUNS).where(
+            STAGE_RUNS.c.key == NIGHTLY_KEY, STAGE_RUNS.c.status == "running",
+            STAGE_RUNS.c.lease_expires_at > _db_time(session, now))
     ).first()
     return None if row is None else StageRunRecord(**row._asdict())

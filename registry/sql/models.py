@@ -10,8 +10,9 @@ package: callers go through `registry.sql.records`, which speaks plain dataclass
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
+from sqlalchemy import FromClause
 from sqlalchemy.orm import DeclarativeBase, Mapped
 
 from registry.sql import tables
@@ -35,7 +36,7 @@ class Base(DeclarativeBase):
 
 
 class Artifact(Base):
-    __table__ = tables.ARTIFACTS
+    __table__: ClassVar[FromClause] = tables.ARTIFACTS
 
     id: Mapped[int]
     digest: Mapped[str]
@@ -66,7 +67,7 @@ class Artifact(Base):
 
 
 class ArtifactFile(Base):
-    __table__ = tables.ARTIFACT_FILES
+    __table__: ClassVar[FromClause] = tables.ARTIFACT_FILES
 
     artifact_id: Mapped[int]
     path: Mapped[str]
@@ -78,7 +79,7 @@ class ArtifactFile(Base):
 class StageRunRow(Base):
     """One row per stage key: the lease a builder holds while it runs, then the outcome."""
 
-    __table__ = tables.STAGE_RUNS
+    __table__: ClassVar[FromClause] = tables.STAGE_RUNS
 
     key: Mapped[str]
     status: Mapped[str]
@@ -95,7 +96,7 @@ class StageRunRow(Base):
 
 
 class SmokeReportRow(Base):
-    __table__ = tables.SMOKE_REPORTS
+    __table__: ClassVar[FromClause] = tables.SMOKE_REPORTS
 
     id: Mapped[int]
     artifact_id: Mapped[int]
@@ -108,7 +109,7 @@ class SmokeReportRow(Base):
 
 
 class ArtifactEvidence(Base):
-    __table__ = tables.ARTIFACT_EVIDENCE
+    __table__: ClassVar[FromClause] = tables.ARTIFACT_EVIDENCE
 
     artifact_id: Mapped[int]
     gpu: Mapped[str]
@@ -117,7 +118,7 @@ class ArtifactEvidence(Base):
 
 
 class Alias(Base):
-    __table__ = tables.ALIASES
+    __table__: ClassVar[FromClause] = tables.ALIASES
 
     name: Mapped[str]
     digest: Mapped[str]
@@ -125,7 +126,7 @@ class Alias(Base):
 
 
 class AliasEventRow(Base):
-    __table__ = tables.ALIAS_EVENTS
+    __table__: ClassVar[FromClause] = tables.ALIAS_EVENTS
 
     id: Mapped[int]
     name: Mapped[str]
@@ -137,7 +138,7 @@ class AliasEventRow(Base):
 
 
 class ToolchainRow(Base):
-    __table__ = tables.TOOLCHAINS
+    __table__: ClassVar[FromClause] = tables.TOOLCHAINS
 
     id: Mapped[int]
     pool: Mapped[str]
@@ -149,7 +150,7 @@ class ToolchainRow(Base):
 
 
 class Recipe(Base):
-    __table__ = tables.RECIPES
+    __table__: ClassVar[FromClause] = tables.RECIPES
 
     digest: Mapped[str]
     name: Mapped[str]
@@ -160,7 +161,7 @@ class Recipe(Base):
 
 
 class PendingPublish(Base):
-    __table__ = tables.PENDING_PUBLISHES
+    __table__: ClassVar[FromClause] = tables.PENDING_PUBLISHES
 
     id: Mapped[str]
     owner: Mapped[str]
@@ -170,7 +171,7 @@ class PendingPublish(Base):
 
 
 class NightlyRun(Base):
-    __table__ = tables.NIGHTLY_RUNS
+    __table__: ClassVar[FromClause] = tables.NIGHTLY_RUNS
 
     id: Mapped[int]
     owner: Mapped[str]

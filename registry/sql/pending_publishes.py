@@ -11,43 +11,44 @@ from typing import TYPE_CHECKING, Final
 from sqlalchemy import delete, insert, select, update
 
 from registry.identity.digest import Digest
-from registry.sql.models import PendingPublish, utcnow
+from registry.sql.tables import PENDING_PUBLISHES, utcnow
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
+    from registry.sql.rows import Executor
 
 TTL: Final = timedelta(hours=1)
 """How long a pending row protects its blobs without being renewed (`Pending.begin` takes
 another, for tests); its heartbeat renews it every third of that."""
 
 
-def add_pending(session: Session, pending_id: str, *, owner: str, blobs: list[str],
+def add_pending(session: Executor, pending_id: str, *, owner: str, blobs: list[str],
                 now: datetime | None = None, ttl: timedelta = TTL) -> None:
     now = now or utcnow()
-    session.execute(insert(PendingPublish).values(
+    session.execute(insert(PENDING_PUBLISHES).values(
         id=pending_id, owner=owner, started_at=now, expires_at=now + ttl, blobs=blobs))
 
 
-def renew_pending(session: Session, pending_id: str, *, now: datetime | None = None,
+def renew_pending(session: Executor, pending_id: str, *, now: datetime | None = None,
                   ttl: timedelta = TTL) -> bool:
     result = session.execute(
-        update(PendingPublish).where(PendingPublish.id == pending_id)
-        .values(expires_at=(now or utcnow()) + ttl).returning(PendingPublish.id))
+        update(PENDING_PUBLISHES).where(PENDING_PUBLISHES.c.id == pending_id)
+        .values(expires_at=(now or utcnow()) + ttl).returning(PENDING_PUBLISHES.c.id))
     return result.first() is not None
 
 
-def drop_pending(session: Session, pending_id: str) -> None:
-    session.execute(delete(PendingPublish).where(PendingPublish.id == pending_id))
+def drop_pending(session: Executor, pending_id: str) -> None:
+    session.execute(delete(PENDING_PUBLISHES).where(PENDING_PUBLISHES.c.id == pending_id))
 
 
-def live_pending_blobs(session: Session, now: datetime) -> set[Digest]:
+def live_pending_blobs(session: Executor, now: datetime) -> set[Digest]:
     """The blobs of every pending publish that has not expired at *now*: gc keeps them."""
-    rows = session.scalars(select(PendingPublish.blobs).where(PendingPublish.expires_at > now))
+    rows = session.scalars(select(PENDING_PUBLISHES.c.blobs)
+                           .where(PENDING_PUBLISHES.c.expires_at > now))
     return {Digest.parse(blob) for blobs in rows for blob in blobs}
 
 
-def drop_expired(session: Session, now: datetime) -> int:
+def drop_expired(session: Executor, now: datetime) -> int:
     """Remove the rows of publishes that died (expired at *now*); how many."""
-    result = session.execute(delete(PendingPublish).where(PendingPublish.expires_at <= now)
-                             .returning(PendingPublish.id))
+    result = session.execute(delete(PENDING_PUBLISHES).where(PENDING_PUBLISHES.c.expires_at <= now)
+                             .returning(PENDING_PUBLISHES.c.id))
     return len(result.all())

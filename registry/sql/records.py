@@ -22,27 +22,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Select, Table, insert, select, update
+from sqlalchemy import Select, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from registry.errors import ConflictError
 from registry.identity.digest import Digest
 from registry.sql.alias_records import aliases_for
-from registry.sql.models import (
-    ARTIFACT_KINDS,
-    ARTIFACT_STATUSES,
-    Alias,
-    Artifact,
-    ArtifactFile,
-    SmokeReportRow,
-    StageRunRow,
-    utcnow,
-)
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
+from registry.sql.tables import (
+    ALIASES,
+    ARTIFACT_FILES,
+    ARTIFACT_KINDS,
+    ARTIFACT_STATUSES,
+    ARTIFACTS,
+    SMOKE_REPORTS,
+    STAGE_RUNS,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from registry.sql.rows import Executor
 
 ArtifactKind = Literal[
     "trtllm-engine", "trtllm-checkpoint", "vllm", "hf-checkpoint", "quantized-checkpoint",
@@ -119,23 +121,23 @@ def _check_record(record: ArtifactRecord) -> dict[str, Any]:
     return values
 
 
-def _add_files(session: Session, artifact_id: int, files: tuple[FileRecord, ...]) -> None:
+def _add_files(session: Executor, artifact_id: int, files: tuple[FileRecord, ...]) -> None:
     if files:
         session.execute(
-            insert(ArtifactFile),
+            insert(ARTIFACT_FILES),
             [{"artifact_id": artifact_id, "path": f.path, "size": f.size, "xxh3": f.xxh3,
               "sha256": f.sha256} for f in files],
         )
 
 
-def add_artifact(session: Session, record: ArtifactRecord) -> int:
+def add_artifact(session: Executor, record: ArtifactRecord) -> int:
     """Insert *record* and its files; returns the row id. `ConflictError` if the digest
     is already registered (the caller's transaction stays usable)."""
     values = _check_record(record)
     try:
         with session.begin_nested():
             artifact_id: int = session.execute(
-                insert(Artifact).values(values).returning(Artifact.id)
+                insert(ARTIFACTS).values(values).returning(ARTIFACTS.c.id)
             ).scalar_one()
             _add_files(session, artifact_id, record.files)
     except IntegrityError as exc:
@@ -145,12 +147,12 @@ def add_artifact(session: Session, record: ArtifactRecord) -> int:
     return artifact_id
 
 
-def add_artifact_if_absent(session: Session, record: ArtifactRecord) -> bool:
+def add_artifact_if_absent(session: Executor, record: ArtifactRecord) -> bool:
     """Insert *record* unless its digest exists (in any status); True when inserted.
     Safe when several processes insert the same digest at once: one row, no error."""
     values = _check_record(record)
-    stmt = insert_for(session, Artifact).values(values)
-    stmt = stmt.on_conflict_do_nothing(index_elements=["digest"]).returning(Artifact.id)
+    stmt = insert_for(session, ARTIFACTS).values(values)
+    stmt = stmt.on_conflict_do_nothing(index_elements=["digest"]).returning(ARTIFACTS.c.id)
     artifact_id = session.execute(stmt).scalar_one_or_none()
     if artifact_id is None:
         return False
@@ -158,12 +160,11 @@ def add_artifact_if_absent(session: Session, record: ArtifactRecord) -> bool:
     return True
 
 
-# Reads select table columns, not ORM entities: rows, never stale identity-map objects.
-_ARTIFACTS = cast(Table, Artifact.__table__)
-_FILES = cast(Table, ArtifactFile.__table__)
+_ARTIFACTS = ARTIFACTS
+_FILES = ARTIFACT_FILES
 
 
-def _records(session: Session, query: Select[Any]) -> list[ArtifactRecord]:
+def _records(session: Executor, query: Select[Any]) -> list[ArtifactRecord]:
     rows = session.execute(query).all()
     files: dict[int, list[FileRecord]] = {row.id: [] for row in rows}
     if rows:  # a subquery, not a list of ids: no limit on bound parameters
@@ -180,22 +181,22 @@ def _records(session: Session, query: Select[Any]) -> list[ArtifactRecord]:
     ]
 
 
-def get_artifact(session: Session, digest: str) -> ArtifactRecord | None:
+def get_artifact(session: Executor, digest: str) -> ArtifactRecord | None:
     found = _records(session, select(_ARTIFACTS).where(_ARTIFACTS.c.digest == digest))
     return found[0] if found else None
 
 
-def find_by_prefix(session: Session, hex_prefix: str) -> list[str]:
+def find_by_prefix(session: Executor, hex_prefix: str) -> list[str]:
     """Digests starting with *hex_prefix* (`9f86…` or `sha256:9f86…`), sorted."""
     prefix = hex_prefix.removeprefix("sha256:").lower()
     if not prefix or any(c not in "0123456789abcdef" for c in prefix):
         raise ValueError(f"not a hex digest prefix: {hex_prefix!r}")
-    query = select(Artifact.digest).where(Artifact.digest.startswith(f"sha256:{prefix}"))
+    query = select(ARTIFACTS.c.digest).where(ARTIFACTS.c.digest.startswith(f"sha256:{prefix}"))
     return sorted(session.scalars(query))
 
 
 def list_artifacts(
-    session: Session,
+    session: Executor,
     *,
     model: str | None = None,
     gpu: str | None = None,
@@ -206,20 +207,21 @@ def list_artifacts(
 ) -> list[ArtifactRecord]:
     """Artifacts matching every filter given (all statuses when *status* is None), oldest
     first; *alias* keeps only the artifact that alias points at."""
-    query = select(_ARTIFACTS).order_by(Artifact.created_at, Artifact.id)
+    query = select(_ARTIFACTS).order_by(ARTIFACTS.c.created_at, ARTIFACTS.c.id)
     for column, value in (
-        (Artifact.model, model), (Artifact.gpu, gpu), (Artifact.kind, kind),
-        (Artifact.quant, quant), (Artifact.status, status),
+        (ARTIFACTS.c.model, model), (ARTIFACTS.c.gpu, gpu), (ARTIFACTS.c.kind, kind),
+        (ARTIFACTS.c.quant, quant), (ARTIFACTS.c.status, status),
     ):
         if value is not None:
             query = query.where(column == value)
     if alias is not None:
-        query = query.join(Alias, Alias.digest == Artifact.digest).where(Alias.name == alias)
+        query = (query.join(ALIASES, ALIASES.c.digest == ARTIFACTS.c.digest)
+                 .where(ALIASES.c.name == alias))
     return _records(session, query)
 
 
 def set_status(
-    session: Session, digest: str, status: ArtifactStatus, reason: str | None = None,
+    session: Executor, digest: str, status: ArtifactStatus, reason: str | None = None,
     *, at: datetime | None = None,
 ) -> None:
     """Move an artifact to *status* (any transition) with *reason* (None clears it), as of
@@ -234,42 +236,42 @@ def set_status(
             "move or remove those aliases first", what=digest,
         )
     session.execute(
-        update(Artifact).where(Artifact.digest == digest)
+        update(ARTIFACTS).where(ARTIFACTS.c.digest == digest)
         .values(status=status, status_reason=reason, updated_at=at or utcnow())
     )
 
 
-def get_status(session: Session, digest: str) -> str | None:
+def get_status(session: Executor, digest: str) -> str | None:
     """The artifact's status; None when it is not registered."""
-    return session.scalar(select(Artifact.status).where(Artifact.digest == digest))
+    return session.scalar(select(ARTIFACTS.c.status).where(ARTIFACTS.c.digest == digest))
 
 
-def mark_deleted(session: Session, digest: str, reason: str | None = None) -> None:
+def mark_deleted(session: Executor, digest: str, reason: str | None = None) -> None:
     set_status(session, digest, "deleted", reason)
 
 
-def referenced_digests(session: Session) -> set[str]:
+def referenced_digests(session: Executor) -> set[str]:
     """Digests of every artifact not deleted: the manifests `gc` must keep."""
-    return set(session.scalars(select(Artifact.digest).where(Artifact.status != "deleted")))
+    return set(session.scalars(select(ARTIFACTS.c.digest).where(ARTIFACTS.c.status != "deleted")))
 
 
-def referenced_blobs(session: Session) -> set[str]:
+def referenced_blobs(session: Executor) -> set[str]:
     """xxh3 digests of every file of an artifact not deleted: the blobs `gc` must keep."""
     query = (
-        select(ArtifactFile.xxh3).distinct()
-        .join(Artifact, Artifact.id == ArtifactFile.artifact_id)
-        .where(Artifact.status != "deleted")
+        select(ARTIFACT_FILES.c.xxh3).distinct()
+        .join(ARTIFACTS, ARTIFACTS.c.id == ARTIFACT_FILES.c.artifact_id)
+        .where(ARTIFACTS.c.status != "deleted")
     )
     return set(session.scalars(query))
 
 
-def history_blobs(session: Session) -> set[str]:
+def history_blobs(session: Executor) -> set[str]:
     """Blobs that history references: every stage run's log (`stage_runs.log_location`)
     and every smoke report's log (its report's `log`, a file digest): gc keeps them."""
     found = {location for location in session.scalars(
-        select(StageRunRow.log_location).where(StageRunRow.log_location.is_not(None)))
+        select(STAGE_RUNS.c.log_location).where(STAGE_RUNS.c.log_location.is_not(None)))
         if location and location.startswith("xxh3-128:")}
-    for report in session.scalars(select(SmokeReportRow.report)):
+    for report in session.scalars(select(SMOKE_REPORTS.c.report)):
         log = report.get("log") if isinstance(report, dict) else None
         if isinstance(log, str) and log.startswith("xxh3-128:"):
             found.add(log)
@@ -300,7 +302,7 @@ def history_blobs(session: Session) -> set[str]:
 
 
 
-def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
+def find_by_keys(session: Executor, keys: set[str]) -> dict[str, ArtifactRecord]:
     """For each stage key, the newest artifact built for it that can be reused (not deleted
     or quarantined): "is this key already built?" for a whole plan in one query."""
     if not keys:
@@ -318,7 +320,7 @@ def find_by_keys(session: Session, keys: set[str]) -> dict[str, ArtifactRecord]:
     return found
 
 
-def known_models(session: Session) -> list[str]:
+def known_models(session: Executor) -> list[str]:
     """The models the registry has an artifact of that is not deleted, sorted."""
-    query = select(Artifact.model).distinct().where(Artifact.status != "deleted")
+    query = select(ARTIFACTS.c.model).distinct().where(ARTIFACTS.c.status != "deleted")
     return sorted(session.scalars(query))

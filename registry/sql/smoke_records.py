@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, case, insert, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import case, insert, or_, select, update
 
-from registry.sql.models import Artifact, SmokeReportRow, utcnow
-from registry.sql.models import ArtifactEvidence as EvidenceRow
 from registry.sql.rows import artifact_id as row_id
 from registry.sql.rows import insert_for
+from registry.sql.tables import ARTIFACT_EVIDENCE, ARTIFACTS, SMOKE_REPORTS, utcnow
+
+if TYPE_CHECKING:
+    from registry.sql.rows import Executor
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,7 @@ class SmokeRecord:
 
 
 def add_smoke_report(
-    session: Session, digest: str, passed: bool, report: dict[str, Any], *,
+    session: Executor, digest: str, passed: bool, report: dict[str, Any], *,
     gpu: str | None = None, toolchain: dict[str, Any] | None = None, key: str | None = None,
     created_at: datetime | None = None,
 ) -> None:
@@ -46,7 +47,7 @@ def add_smoke_report(
     artifact_id = row_id(session, digest)[0]
     now = created_at or utcnow()
     session.execute(
-        insert(SmokeReportRow).values(
+        insert(SMOKE_REPORTS).values(
             artifact_id=artifact_id, passed=passed, report=report, created_at=now,
             gpu=gpu, toolchain=toolchain, key=key,
         )
@@ -58,10 +59,10 @@ def add_smoke_report(
         else None
     if best is not None:
         # One conditional UPDATE: concurrent reports can only raise the value.
-        column = Artifact.best_tokens_per_s
+        column = ARTIFACTS.c.best_tokens_per_s
         session.execute(
-            update(Artifact)
-            .where(Artifact.id == artifact_id, or_(column.is_(None), column < best))
+            update(ARTIFACTS)
+            .where(ARTIFACTS.c.id == artifact_id, or_(column.is_(None), column < best))
             .values(best_tokens_per_s=best)
         )
     if gpu is not None:
@@ -69,12 +70,12 @@ def add_smoke_report(
 
 
 def _raise_evidence(
-    session: Session, artifact_id: int, gpu: str, best: float | None, now: datetime
+    session: Executor, artifact_id: int, gpu: str, best: float | None, now: datetime
 ) -> None:
     """Upsert the (artifact, gpu) evidence row: one atomic statement, so concurrent reports
     can only raise the best throughput; `passed_at` is the latest pass."""
-    table = cast(Table, EvidenceRow.__table__)
-    stmt = insert_for(session, EvidenceRow).values(
+    table = ARTIFACT_EVIDENCE
+    stmt = insert_for(session, ARTIFACT_EVIDENCE).values(
         artifact_id=artifact_id, gpu=gpu, best_tokens_per_s=best, passed_at=now)
     current, offered = table.c.best_tokens_per_s, stmt.excluded.best_tokens_per_s
     stmt = stmt.on_conflict_do_update(
@@ -88,12 +89,12 @@ def _raise_evidence(
     session.execute(stmt)
 
 
-def smoke_reports(session: Session, digest: str) -> list[SmokeRecord]:
+def smoke_reports(session: Executor, digest: str) -> list[SmokeRecord]:
     """Smoke reports of *digest*, oldest first, each with where it ran."""
     query = (
-        select(SmokeReportRow.passed, SmokeReportRow.report, SmokeReportRow.created_at,
-               SmokeReportRow.gpu, SmokeReportRow.toolchain, SmokeReportRow.key)
-        .where(SmokeReportRow.artifact_id == row_id(session, digest)[0])
-        .order_by(SmokeReportRow.created_at, SmokeReportRow.id)
+        select(SMOKE_REPORTS.c.passed, SMOKE_REPORTS.c.report, SMOKE_REPORTS.c.created_at,
+               SMOKE_REPORTS.c.gpu, SMOKE_REPORTS.c.toolchain, SMOKE_REPORTS.c.key)
+        .where(SMOKE_REPORTS.c.artifact_id == row_id(session, digest)[0])
+        .order_by(SMOKE_REPORTS.c.created_at, SMOKE_REPORTS.c.id)
     )
     return [SmokeRecord(digest, *row) for row in session.execute(query)]

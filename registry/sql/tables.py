@@ -31,7 +31,6 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
-
 from sqlalchemy.schema import SchemaItem
 
 from registry.identity.manifest import KINDS

@@ -36,8 +36,10 @@ ON_THE_DRIVER: frozenset[str] = frozenset()
 RECIPE = frozenset({"pydantic"})
 """`plan` validates the recipe with pydantic's models, and only that."""
 ORM = frozenset({"sqlalchemy", "sqlalchemy.orm"})
-"""Commands that still read or write through the ORM (`resolve`'s ranking, `import`'s
-transaction)."""
+"""Commands that still read through the ORM (`resolve`'s ranking)."""
+CORE = frozenset({"sqlalchemy"})
+"""Commands that write through SQLAlchemy Core without its ORM (`import`'s publish:
+`registry.sql.tables` on `Registry.connection`)."""
 
 COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
     "--help": (["--help"], ON_THE_DRIVER),
@@ -50,7 +52,7 @@ COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
     "show": (["show", "DIGEST"], ON_THE_DRIVER),
     "show --json": (["show", "DIGEST", "--json"], ON_THE_DRIVER),
     "resolve": (["resolve", "--model", "m", "--gpu", "cpu", "--allow-unproven"], ORM),
-    "import": (["import", "NEW", "--kind", "vllm", "--model", "m"], ORM),
+    "import": (["import", "NEW", "--kind", "vllm", "--model", "m"], CORE),
 }
 
 
