@@ -5,6 +5,8 @@
         records.add_artifact_if_absent(session, record)
     with reg.session(readonly=True) as session:
         records.list_artifacts(session, model="llama-8b")
+    with reg.connection() as connection:      # the same, on Core alone: no ORM imported
+        records.add_artifact_if_absent(connection, record)
     reg.close()
 
 Schema policy (the schema belongs to `migrations/`, never to `metadata.create_all`):

@@ -2,7 +2,9 @@
 stage (then the run's outcome), and the nightly lease, one row that a whole `enginectl
 nightly` holds so that two nightlies never requalify at once.
 
-Every function takes a `Session` and works inside the caller's transaction; none commits.
+Every function takes a session or a Core connection (`registry.sql.rows.Executor`: a
+heartbeat renews on a connection, without the ORM) and works inside the caller's
+transaction; none commits.
 Each take-over is one atomic statement, so of several processes racing exactly one wins.
 
 Expiry is the database's clock, never a builder's: every lease time is the server's time

@@ -1,7 +1,9 @@
 """What the rest of enginectl reads and writes in the SQL registry, as plain dataclasses.
 
-Every function takes a `Session` from `Registry.session()` and works inside the caller's
-transaction; none commits. ORM objects never leave `registry.sql`. Digests are the strings
+Every function takes a `Session` from `Registry.session()`, or a Core connection from
+`Registry.connection()` (a publish's, which never imports the ORM: `registry.sql.rows.Executor`),
+and works inside the caller's transaction; none commits. The statements are Core, over
+`registry.sql.tables`; ORM objects never leave `registry.sql`. Digests are the strings
 `str(Digest)` writes (`sha256:<hex>`, `xxh3-128:<hex>`); times are aware UTC datetimes.
 
 Writes that race across processes are atomic in SQL (INSERT ... ON CONFLICT, conditional
