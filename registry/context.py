@@ -10,7 +10,9 @@ A context manager, for deploy tools:
 
 `Context(readonly=True)` is for verbs that only read the registry (ls, show, resolve, pull,
 compare, logs): its registry is opened with `open_registry(readonly=True)`, which never
-creates or migrates one and refuses a missing, behind or newer one in one line.
+creates or migrates one and refuses a missing, behind or newer one in one line. What reads
+on the database driver alone (resolve) uses `Context.reader`, one connection held until
+`close`, refused in the same words.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from registry.store.cache import BlobCache
 
 if TYPE_CHECKING:
     from registry.sql.db import Registry
+    from registry.sql.held import HeldReader
     from registry.store.base import Store
 
 
@@ -79,6 +82,21 @@ class Context:
                              retry_s=self.config.registry_retry_s)
 
     @cached_property
+    def reader(self) -> HeldReader:
+        """The SQL registry read on its database driver alone, no SQLAlchemy: one connection
+        held until `close` (`registry.sql.held`), for the reads that run there (resolve's,
+        `registry.sql.resolving`). A registry not at the schema head is refused as `registry`
+        refuses it with *readonly*; without *readonly*, `registry` is opened first, which
+        creates or migrates it as before."""
+        from registry.sql.held import HeldReader
+
+        if not self.readonly:
+            self.registry  # noqa: B018 - creates or migrates it, as before
+        elif "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
+            self._check_home()
+        return HeldReader(self.config.registry_url, self.config.registry_retry_s)
+
+    @cached_property
     def cache(self) -> BlobCache:
         check_directory(self.config.cache_dir, what="the fetch cache",
                         variable="ENGINECTL_CACHE_DIR")
@@ -90,6 +108,8 @@ class Context:
 
     def close(self) -> None:
         """Close the registry's connections, if it was opened (idempotent)."""
+        if "reader" in self.__dict__:
+            self.__dict__.pop("reader").close()
         if "registry" in self.__dict__:
             self.registry.close()
 

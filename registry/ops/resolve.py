@@ -18,25 +18,21 @@ candidate gets a reason.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from registry.gpus import GpuSpec, quant_supported
+from registry.sql.evidence import MATCH_FIELDS, NO_PROOF, Used, nearest
+from registry.sql.resolving import ENGINE_TOOLCHAIN, SERVABLE, candidate_rows
 
 if TYPE_CHECKING:
-    from sqlalchemy import Select
-    from sqlalchemy.orm import Session
-
     from registry.context import Context
-    from registry.sql.evidence import Used
+    from registry.sql.lookup import DriverReader
 
-KIND_ORDER: Final = ("trtllm-engine", "trtllm-checkpoint", "vllm")
+KIND_ORDER: Final = SERVABLE  # engines, then TRT-LLM checkpoints, then vLLM entries
 PREFER: Final = {"engine": "trtllm-engine", "checkpoint": "trtllm-checkpoint", "vllm": "vllm"}
-# Toolchain parts an engine must share with the node that loads it.
-ENGINE_TOOLCHAIN: Final = ("trtllm", "tensorrt")
 UNPROVEN_RANK: Final = 3  # `Candidate.match_rank` of one with no passing proof on the SKU
 
 
@@ -134,7 +130,7 @@ def _describe(candidate: Candidate, gpu: str | None) -> dict[str, Any]:
         "tokens_per_s": candidate.tokens_per_s,
         "proven": candidate.proven,
         "evidence": list(candidate.evidence or ()),
-        "evidence_used": (candidate.used or _no_proof()).as_dict(),
+        "evidence_used": (candidate.used or NO_PROOF).as_dict(),
         "note": None if gpu is None else candidate.unproven_note(gpu),
         "created_at": candidate.created_at.isoformat(),
     }
@@ -192,108 +188,34 @@ def rank(candidates: Iterable[Candidate], request: Request) -> Ranked:
     return Ranked(accepted, rejected, request.gpu.sku, node_fingerprint(request))
 
 
-def _no_proof() -> Used:
-    from registry.sql.evidence import Used  # SQLAlchemy's module: not on fetch's path
-
-    return Used("none")
-
-
 def node_fingerprint(request: Request) -> dict[str, Any]:
     """The fields of the node's fingerprint that proofs are compared on (those it reports)."""
-    from registry.sql.evidence import MATCH_FIELDS  # SQLAlchemy's module: not on fetch's path
-
     fields = {name for names in MATCH_FIELDS.values() for name in names}
     return {name: value for name, value in sorted(request.toolchain.items())
             if name in fields and value}
 
 
 def candidates_for(
-    session: Session, model: str, *, every_status: bool, gpu: str | None = None,
-    node: Mapping[str, Any] | None = None, evidence: bool = False,
+    reader: DriverReader, request: Request, *, every_status: bool, evidence: bool,
 ) -> list[Candidate]:
-    """The servable artifacts of *model*: only `ready` ones, and only engines built for
-    *gpu*, unless *every_status* (then everything not deleted, for --explain), each with the
-    proof on *gpu* nearest the *node*'s fingerprint (`registry.sql.evidence.nearest`).
-
-    Two queries: `artifacts` (one indexed query, built once and reused, the toolchain parts an
-    engine must match read out of the JSON by the database), then the passing reports on
-    *gpu* of exactly those rows (`registry.sql.evidence.proofs_on`, by row id: never the
-    model's other artifacts). With *evidence*, a third: the GPUs each passed on
-    (`Candidate.evidence`, `registry.sql.evidence.gpus_proven`)."""
-    from registry.sql.evidence import gpus_proven, nearest, proofs_on
-
-    query = _candidates_query(every_status, by_gpu=gpu is not None and not every_status)
-    # on the session's connection: Core's execution alone, not the ORM's around it
-    rows = session.connection().execute(query, {"model": model, "gpu": gpu}).all()
-    # an engine for another GPU (--explain reads them) has no proof on this one to look up
-    proofs = proofs_on(session, {row[-1]: row[0] for row in rows
-                                 if row[1] != "trtllm-engine" or row[5] == gpu}, gpu) \
-        if gpu is not None and rows else {}
-    passed = gpus_proven(session, {row[-1]: row[0] for row in rows}) \
-        if evidence and rows else None
+    """The servable artifacts of *request.model* (`registry.sql.resolving.candidate_rows`:
+    only `ready` ones, and only engines built for the node's SKU, unless *every_status*:
+    then everything not deleted, for --explain), each ranked by the proof on the SKU nearest
+    the node's fingerprint (`registry.sql.evidence.nearest`); with *evidence*, each carrying
+    the GPUs it passed on (`Candidate.evidence`), else None."""
+    node, sku = request.toolchain, request.gpu.sku
     found = []
-    for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-         trtllm, tensorrt, pp, row_id) in rows:
-        used = nearest(proofs.get(digest, []), kind, node or {})
+    for row in candidate_rows(reader, request.model, sku, every_status=every_status,
+                              with_gpus=evidence):
+        used = nearest(row.proofs, row.kind, node)
         found.append(Candidate(
-            digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq,
-            pp=pp or 1, toolchain={"trtllm": trtllm, "tensorrt": tensorrt},
-            tokens_per_s=used.proof.tokens_per_s if used.proof else None,
-            proven=used.match == "fingerprint", used=used, row_id=row_id,
-            evidence=None if passed is None else tuple(passed.get(digest, ()))))
+            row.digest, row.kind, row.model, row.status, row.created_at, row.gpu, row.quant,
+            row.kv_cache_dtype, row.tp, row.max_batch_size, row.max_seq_len, pp=row.pp or 1,
+            toolchain=row.toolchain, tokens_per_s=used.proof.tokens_per_s if used.proof else None,
+            proven=used.match == "fingerprint", used=used, row_id=row.row_id,
+            # --explain: where each passed; else only for the words about the unproven
+            evidence=row.gpus if every_status or used.rank == UNPROVEN_RANK else None))
     return found
-
-
-@functools.cache
-def _candidates_query(every_status: bool, *, by_gpu: bool) -> Select[Any]:
-    """`candidates_for`'s statement, built once (SQLAlchemy then reuses its compiled form).
-
-    Every column but the toolchain is in `ix_artifacts_resolve` (migration 0004), so the
-    rows are read from a few adjacent index pages, not from ~90 pages scattered over the
-    table. The two toolchain parts are only compared for an engine built for the node's SKU
-    (`rejection`), so only those rows are read, by primary key (a correlated subquery the
-    CASE evaluates for them alone); every other candidate's parts are None."""
-    from sqlalchemy import Table, and_, bindparam, case, or_, select
-
-    from registry.sql.models import Artifact
-
-    table: Table = Artifact.__table__  # type: ignore[assignment]
-    c, own = table.c, table.alias("own").c
-    on_node = and_(c.kind == "trtllm-engine", c.gpu == bindparam("gpu"))
-    parts = [case((on_node, select(own.toolchain[name].as_string())
-                   .where(own.id == c.id).scalar_subquery())) for name in ENGINE_TOOLCHAIN]
-    query = select(
-        # Candidate's fields, in order, up to toolchain, then pp, then the row id (proofs_on)
-        c.digest, c.kind, c.model, c.status, c.created_at, c.gpu, c.quant, c.kv_cache_dtype,
-        c.tp, c.max_batch_size, c.max_seq_len, *parts, c.pp, c.id,
-    ).where(c.model == bindparam("model"))
-    # kinds as equalities, not an IN list, which SQLAlchemy renders again on every call
-    servable = or_(*(c.kind == kind for kind in KIND_ORDER))
-    if every_status:
-        return query.where(c.status != "deleted", servable)
-    query = query.where(c.status == "ready")
-    if not by_gpu:
-        return query.where(servable)
-    # Spelled so that each part is an index range on (model, status, kind, gpu).
-    return query.where(or_(*(c.kind == kind for kind in KIND_ORDER if kind != "trtllm-engine"),
-                           on_node))
-
-
-def _with_evidence(session: Session, found: list[Candidate]) -> list[Candidate]:
-    """*found* with the GPUs each of those with no proof on the node's SKU passed on, whose
-    rejection (or note) names where they were proven ("proven on CPU"); one query per 500,
-    by row id, none when no one needs it."""
-    from dataclasses import replace
-
-    from registry.sql.evidence import gpus_proven
-
-    wanted = {c.row_id: c.digest for c in found
-              if c.row_id is not None and c.match_rank == UNPROVEN_RANK}
-    if not wanted:
-        return found
-    gpus = gpus_proven(session, wanted)
-    return [replace(c, evidence=tuple(gpus.get(c.digest, ()))) if c.row_id in wanted else c
-            for c in found]
 
 
 def resolve(
@@ -310,16 +232,16 @@ def resolve(
     A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
     with the closest model it does know) instead of an empty ranking: a typo is not
     "nothing is ready"."""
-    with ctx.registry.session(readonly=True) as session:
-        found = candidates_for(session, request.model, every_status=explain,
-                               gpu=request.gpu.sku, node=request.toolchain, evidence=explain)
-        if not explain and (request.allow_unproven or all(c.match_rank == UNPROVEN_RANK
-                                                          for c in found)):
-            found = _with_evidence(session, found)  # what the words need
+    with ctx.reader.reading() as reader:
+        found = candidates_for(reader, request, every_status=explain,
+                               evidence=explain or request.allow_unproven)
+        if found and all(c.match_rank == UNPROVEN_RANK for c in found) \
+                and not explain and not request.allow_unproven:  # the words need them
+            found = candidates_for(reader, request, every_status=False, evidence=True)
         if not found:
-            from registry.sql.records import known_models
+            from registry.sql.resolving import known_models
 
-            known = known_models(session)
+            known = known_models(reader)
             if request.model not in known:
                 from registry.errors import UnknownModelError
 

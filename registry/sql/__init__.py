@@ -7,12 +7,15 @@
     rows          small helpers over rows (an artifact's id, portable INSERT ... ON CONFLICT)
     records       artifacts and their files, as the plain dataclasses the rest of enginectl
                   reads and writes; the other subjects, the same way, one module each:
-    alias_records, smoke_records, evidence, build_inputs (recipes, toolchains), nightly_runs
+    alias_records, smoke_records, build_inputs (recipes, toolchains), nightly_runs
     leases, heartbeat, pending_publishes, gclock    rows with an expiry kept alive, and
                   the gc lock
     lookup        what fetch and plan read on the database driver alone, without SQLAlchemy:
                   `open_reader`, the driver's backend of the reads a session serves (refs)
     listing, showing    what `ls`, `info` and `show` read on that reader
+    resolving     what `resolve` reads on it, in one statement; `held`: a reader kept open
+                  across calls (`Context.reader`)
+    evidence      which proof resolve ranks an artifact by (pure)
     alias_pins, refit_verdict    whether a rollback pins an alias, whether refit evidence
                   holds: pure decisions both roads share
     sqlite_file   when a registry's SQLite file is damaged: the one check both roads make
@@ -24,6 +27,6 @@ what writes the store and SQL together (history records, tag and rollback, a pub
 blobs in flight, a stage run's log) is `registry.ops`. May import `registry.errors`,
 `registry.identity`, `registry.config` and the small top-level helpers (filelock, workers).
 Never `registry.store`, `registry.context`, `registry.ops` or `pipeline`. `lookup`, `listing`,
-`showing`, `alias_pins` and `refit_verdict` import no SQLAlchemy, and importing this
-package imports nothing.
+`showing`, `resolving`, `held`, `evidence`, `alias_pins` and `refit_verdict` import no
+SQLAlchemy, and importing this package imports nothing.
 """

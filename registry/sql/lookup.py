@@ -197,6 +197,7 @@ class DriverReader:
     def __init__(self, connection: Any, placeholder: str, absent: str | None = None) -> None:
         self._connection = connection
         self._placeholder = placeholder
+        self.dialect = "sqlite" if placeholder == "?" else "postgresql"
         self.absent = absent if connection is None else None
 
     def rows(self, sql: str, *values: str) -> list[tuple[Any, ...]]:
@@ -337,15 +338,16 @@ def open_reader(url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> Iterator
         with opener(url) as (connection, absent):
             yield DriverReader(connection, placeholder, absent)
     except driver_error as exc:
-        lost = unreachable(masked_url(url), exc)
-        if lost is not None:
-            raise lost from exc
-        lines = str(exc).strip().splitlines()
-        detail = lines[0] if lines else type(exc).__name__
-        bad = damaged(_sqlite_path(url), exc) if scheme == "sqlite" else None
-        if bad is not None:
-            raise bad from exc
-        raise RegistryError(f"cannot use registry {masked_url(url)}: {detail}") from exc
+        raise driver_failure(url, exc) from exc
+
+
+def driver_failure(url: str, exc: Exception) -> RegistryError:
+    """enginectl's error for the driver's *exc* on the registry at *url*: unreachable,
+    damaged (a SQLite file), or `RegistryError` in one line."""
+    lines = str(exc).strip().splitlines()
+    bad = damaged(_sqlite_path(url), exc) if url.startswith("sqlite") else None
+    return unreachable(masked_url(url), exc) or bad or RegistryError(
+        f"cannot use registry {masked_url(url)}: {lines[0] if lines else type(exc).__name__}")
 
 
 @contextmanager

@@ -164,7 +164,9 @@ def test_migrating_from_0003_gives_resolve_its_indexes_and_keeps_its_answer(
     from sqlalchemy import inspect
     from sqlalchemy.orm import Session
 
-    from registry.ops.resolve import candidates_for
+    from registry.gpus import lookup_gpu
+    from registry.ops.resolve import Request, candidates_for
+    from registry.sql.held import HeldReader
 
     record = make_record("engine", status="ready")
     engine = make_engine(registry_url)
@@ -179,9 +181,14 @@ def test_migrating_from_0003_gives_resolve_its_indexes_and_keeps_its_answer(
         engine.dispose()
     assert current(registry_url) == "0003"
     assert upgrade(registry_url) == head_revision()
-    with open_registry(registry_url) as registry, registry.session(readonly=True) as session:
-        found = candidates_for(session, record.model, every_status=False, gpu=record.gpu,
-                               node={"trtllm": "0.17.0"})
+    held = HeldReader(registry_url)
+    try:
+        with held.reading() as reader:
+            found = candidates_for(reader, Request(record.model, lookup_gpu(str(record.gpu)),
+                                                   toolchain={"trtllm": "0.17.0"}),
+                                   every_status=False, evidence=False)
+    finally:
+        held.close()
     assert [(c.digest, c.proven, c.tokens_per_s, c.toolchain["trtllm"]) for c in found] \
         == [(record.digest, True, 300.0, "0.17.0")]
     engine = make_engine(registry_url)

@@ -35,8 +35,6 @@ ON_THE_DRIVER: frozenset[str] = frozenset()
 """Commands that read the registry on the database driver alone: none of HEAVY."""
 RECIPE = frozenset({"pydantic"})
 """`plan` validates the recipe with pydantic's models, and only that."""
-ORM = frozenset({"sqlalchemy", "sqlalchemy.orm"})
-"""Commands that still read through the ORM (`resolve`'s ranking)."""
 CORE = frozenset({"sqlalchemy"})
 """Commands that write through SQLAlchemy Core without its ORM (`import`'s publish:
 `registry.sql.tables` on `Registry.connection`)."""
@@ -51,7 +49,10 @@ COMMANDS: dict[str, tuple[list[str], frozenset[str]]] = {
     "plan": (["plan", str(ROOT / "recipes" / "llama70b-h100.yaml")], RECIPE),
     "show": (["show", "DIGEST"], ON_THE_DRIVER),
     "show --json": (["show", "DIGEST", "--json"], ON_THE_DRIVER),
-    "resolve": (["resolve", "--model", "m", "--gpu", "cpu", "--allow-unproven"], ORM),
+    "resolve": (["resolve", "--model", "m", "--gpu", "cpu", "--allow-unproven"], ON_THE_DRIVER),
+    "resolve --explain": (["resolve", "--model", "m", "--gpu", "cpu", "--explain",
+                           "--allow-unproven", "--json"],
+                          ON_THE_DRIVER),
     "import": (["import", "NEW", "--kind", "vllm", "--model", "m"], CORE),
 }
 
