@@ -71,26 +71,30 @@ class CandidateRow(NamedTuple):
 
 def candidate_rows(reader: DriverReader, model: str, gpu: str, *, every_status: bool,
                    with_gpus: bool) -> list[CandidateRow]:
-    """The candidates of *model* for a node with *gpu* (module doc), in row id order."""
+    """The candidates of *model* for a node with *gpu* (module doc), in the database's order;
+    each one's proofs oldest first (by time, then report id: sorted here, so that no ORDER BY
+    steers the planner off the covering index)."""
     postgresql = reader.dialect == "postgresql"
     sql, names = _statement(postgresql, every_status=every_status, with_gpus=with_gpus)
     values = {"model": model, "gpu": gpu}
-    found: list[CandidateRow] = []
-    last: CandidateRow | None = None
+    found: dict[int, CandidateRow] = {}
+    proofs: dict[int, list[tuple[datetime, int, Proof]]] = {}
     for (digest, kind, name, status, created_at, on_gpu, quant, kv, tp, batch, seq, pp,
-         row_id, trtllm, tensorrt, gpus, proved_at, tokens, *fields) in reader.rows(
+         row_id, trtllm, tensorrt, gpus, report_id, proved_at, tokens, *fields) in reader.rows(
             sql, *(values[n] for n in names)):
-        if last is None or last.row_id != row_id:
-            last = CandidateRow(
+        if row_id not in found:
+            found[row_id] = CandidateRow(
                 digest, kind, name, status, utc_time(created_at), on_gpu, quant, kv, tp,
                 batch, seq, pp, row_id, {"trtllm": trtllm, "tensorrt": tensorrt}, [],
                 None if not with_gpus else tuple(  # SQLite: json_group_array's text
                     json.loads(gpus) if isinstance(gpus, str) else gpus or ()))
-            found.append(last)
-        if proved_at is not None:
-            last.proofs.append(Proof(digest, gpu, utc_time(proved_at), tokens,
-                                     dict(zip(FINGERPRINT_FIELDS, fields, strict=True))))
-    return found
+        if report_id is not None:
+            at = utc_time(proved_at)
+            proofs.setdefault(row_id, []).append((at, report_id, Proof(
+                digest, gpu, at, tokens, dict(zip(FINGERPRINT_FIELDS, fields, strict=True)))))
+    for row_id, passed in proofs.items():
+        found[row_id].proofs.extend(proof for _, _, proof in sorted(passed))
+    return list(found.values())
 
 
 def known_models(reader: DriverReader) -> list[str]:
@@ -104,10 +108,9 @@ _SELECT: Final = """SELECT a.digest, a.kind, a.model, a.status, a.created_at, a.
  a.kv_cache_dtype, a.tp, a.max_batch_size, a.max_seq_len, a.pp, a.id,
  CASE WHEN {engine_here} THEN (SELECT {own_trtllm} FROM artifacts own WHERE own.id = a.id) END,
  CASE WHEN {engine_here} THEN (SELECT {own_tensorrt} FROM artifacts own WHERE own.id = a.id) END,
- {gpus}, p.created_at, {tokens}, {fields}
+ {gpus}, p.id, p.created_at, {tokens}, {fields}
 FROM artifacts a {proofs}
-WHERE a.model = :model AND {where}
-ORDER BY a.id, p.created_at, p.id"""
+WHERE a.model = :model AND {where}"""
 """`candidate_rows`' statement: its columns in `CandidateRow`'s order, then the proof's."""
 _PROOFS: Final = {
     # fenced by OFFSET 0: an index probe per artifact, whatever the statistics
