@@ -164,9 +164,8 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     import sys
 
     from pipeline.errors import BuildCancelledError
-    from pipeline.executors.build import build_recipe
     from pipeline.executors.result import BuildOptions
-    from pipeline.executors.view import dry_run_lines, summary_lines
+    from pipeline.executors.view import summary_lines
     from pipeline.settings import Settings
     from registry.context import Context
 
@@ -174,52 +173,88 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     announce(ctx)
     quiet = verbosity() <= QUIET
     echo = None if as_json or quiet else click.echo
+    settings = Settings.from_env()
     try:
         with ctx:
-            result = build_recipe(recipe, ctx=ctx, settings=Settings.from_env(),
-                                  options=BuildOptions(
-                                      jobs=jobs, only=only, force=force, keep_going=keep_going,
-                                      dry_run=dry_run, keep_work=keep_work, echo=echo,
-                                      live=sys.stdout.isatty() and not quiet,
-                                      run_on=executor, address=address))
+            done = None
+            if executor == "local" and not (force or dry_run):
+                done = _remembered_noop(recipe, ctx, settings, only=only, echo=echo)
+            if done is not None:
+                stages, summary, promotions = done[0], done[1], []
+            else:
+                from pipeline.executors.build import build_recipe
+
+                result = build_recipe(recipe, ctx=ctx, settings=settings,
+                                      options=BuildOptions(
+                                          jobs=jobs, only=only, force=force,
+                                          keep_going=keep_going, dry_run=dry_run,
+                                          keep_work=keep_work, echo=echo,
+                                          live=sys.stdout.isatty() and not quiet,
+                                          run_on=executor, address=address))
+                stages, summary, promotions = (result.plan.stages, result.summary,
+                                               result.promotions)
     except BuildCancelledError as exc:
         if as_json and exc.summary is not None:
             echo_json(exc.summary.as_dict())
         raise
     if dry_run:
+        from pipeline.executors.view import dry_run_lines
+
         if as_json:
             echo_json(result.plan.as_dict(built=lambda key: key in result.hits))
         else:
             click.echo("\n".join(dry_run_lines(result)))
         return
     if as_json:
-        echo_json({**result.summary.as_dict(),
-                   "promotions": [p.as_dict() for p in result.promotions]})
+        echo_json({**summary.as_dict(), "promotions": [p.as_dict() for p in promotions]})
     else:
-        click.echo("\n".join(summary_lines(result)))
+        click.echo("\n".join(summary_lines(summary, promotions)))
     if verbosity() >= VERBOSE:
-        _details(result.plan, result.summary)
-    stopped = result.summary.failed + [o for o in result.summary.outcomes
-                                       if o.status == "cancelled"]  # e.g. past its timeout
+        _details(stages, summary)
+    _raise_if_failed(summary)
+
+
+def _remembered_noop(recipe: Path, ctx: Any, settings: Any, *, only: str | None,
+                     echo: Any) -> tuple[Any, Any] | None:
+    """A build with nothing to do, from the plan a build remembered
+    (`pipeline.executors.noop.remembered_noop`), said as `build_recipe` says it: the plan's
+    stage runs and the summary; None when the build must plan."""
+    from pipeline.executors.noop import remembered_noop
+    from pipeline.executors.view import describe
+
+    done = remembered_noop(recipe, settings=settings, registry_url=ctx.config.registry_url,
+                           only=only)
+    if done is None:
+        return None
+    ctx.begin(store=False)  # nothing is read from the store, nor written
+    if echo is not None:
+        for outcome in done[1].outcomes:
+            echo(describe(outcome))
+    return done[0].stages, done[1]
+
+
+def _raise_if_failed(summary: Any) -> None:
+    """A stage that failed or stopped: StageError (exit 3); a smoke that failed: SmokeError."""
+    stopped = summary.failed + [o for o in summary.outcomes if o.status == "cancelled"]
     if stopped:
         from pipeline.errors import StageError
 
         first = stopped[0]
         raise StageError(first.stage, first.key, first.error or "failed",
                          target=first.targets[0] if first.targets else None)
-    smoke_failed = [o for o in result.summary.outcomes if o.status == "smoke-failed"]
+    smoke_failed = [o for o in summary.outcomes if o.status == "smoke-failed"]
     if smoke_failed:
         from pipeline.errors import SmokeError
 
         raise SmokeError(smoke_failed[0].digest or "?", smoke_failed[0].error or "failed")
 
 
-def _details(plan: Any, summary: Any) -> None:
+def _details(stages: Any, summary: Any) -> None:
     """-v: where each run's log is, how long it took, and the tail of each failed run's."""
     from pipeline.host.runner import log_tail
 
     for outcome in summary.outcomes:
-        run = plan.stages.get(outcome.key)
+        run = stages.get(outcome.key)
         if run is None or outcome.status in ("reused", "skipped"):
             continue
         log = run.workdir / f"{run.stage}.log"

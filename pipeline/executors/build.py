@@ -13,13 +13,16 @@ is work, or a dry run finds a registry to migrate. A build on a Ray cluster is
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from pathlib import Path
 
 from pipeline.executors.result import BuildOptions, BuildResult, Planned, raise_if_interrupted
 from pipeline.executors.view import describe, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe, selected_keys
+from pipeline.planning.plan_cache import cache_dir, facts_of, remember_plan
 from pipeline.planning.source import read_recipe
 from pipeline.planning.toolchain import Probe, Toolchain, for_build, local_pool, probe
 from pipeline.recipe.reader import LoadedRecipe
@@ -62,14 +65,23 @@ def build_recipe(
                                           loaded=loaded, planned=planned)
         return built
     if planned is None or planned.probe is None:
-        probing = _Probing(settings)  # it waits on nvidia-smi and vLLM's Python meanwhile
+        # a build that reads the recipe itself remembers its plan, and vLLM's probe, for the
+        # builds after it (`pipeline.planning.plan_cache`); a dry run writes nothing
+        remember = loaded is None and not options.dry_run
+        probing = _Probing(settings, remember=cache_dir(settings) if remember else None)
+        started, raw = time.time(), None
         try:
+            if remember:
+                with contextlib.suppress(OSError):  # read_recipe says what is wrong
+                    raw = recipe.read_bytes()
             loaded = loaded or read_recipe(recipe)
         except BaseException:
             probing.join()  # no probe left running; the recipe's error is the one said
             raise
         found = probing.result()
         plan = plan_recipe(loaded, settings, for_build(found.toolchain, loaded.recipe.toolchain))
+        if raw is not None:
+            remember_plan(recipe, raw, plan, settings, found.toolchain, started=started)
     else:
         found, plan = planned.probe, planned.plan
     keys = selected_keys(plan, options.only)
@@ -92,15 +104,15 @@ class _Probing:
     """This machine's probe (`probe`), asked in a thread of its own from the start: most of
     it is waiting on other programs, which overlaps with reading the recipe."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, remember: Path | None) -> None:
         self._answer: list[Probe | BaseException] = []
-        self._thread = threading.Thread(target=self._ask, args=(settings,), name="probe",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._ask, args=(settings, remember),
+                                        name="probe", daemon=True)
         self._thread.start()
 
-    def _ask(self, settings: Settings) -> None:
+    def _ask(self, settings: Settings, remember: Path | None) -> None:
         try:
-            self._answer.append(probe(settings))
+            self._answer.append(probe(settings, remember=remember))
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             self._answer.append(exc)
 
@@ -134,7 +146,7 @@ def _nothing_to_do(plan: Plan, keys: set[str], ctx: Context, settings: Settings,
             return None
         return BuildResult(plan, set(state.artifacts), probes=probes) if state.current \
             else None
-    summary = noop_summary(plan, keys, settings=settings, toolchain=toolchain,
+    summary = noop_summary(facts_of(plan), keys, settings=settings, toolchain=toolchain,
                            registry_url=url, pool=local_pool(), host=socket.gethostname(),
                            channels=plan.channels if options.promote else ())
     if summary is None:

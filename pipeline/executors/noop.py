@@ -29,29 +29,28 @@ from pathlib import Path
 
 from pipeline.planning.channels import Channel
 from pipeline.planning.outcome import BuildSummary, Outcome, awaits_smoke, pending_smoke
-from pipeline.planning.plan import Plan
+from pipeline.planning.plan_cache import PlanFacts
 from pipeline.planning.toolchain import Toolchain
 from pipeline.settings import Settings
 from registry.errors import RegistryError
 from registry.sql.lookup import BuildState, build_state
 
 
-def noop_summary(plan: Plan, keys: set[str], *, settings: Settings, toolchain: Toolchain,
+def noop_summary(plan: PlanFacts, keys: set[str], *, settings: Settings, toolchain: Toolchain,
                  registry_url: str, pool: str, host: str,
                  channels: Sequence[Channel] = ()) -> BuildSummary | None:
-    """The summary of building *keys* of *plan* when every one is done (module doc), else
-    None. *toolchain* is this machine's probe, to be recorded for *pool* on *host*;
-    *channels* are the promotion channels the build would fill."""
-    loaded = plan.loaded
+    """The summary of building *keys* of *plan* (a plan's facts: `plan_cache.facts_of`) when
+    every one is done (module doc), else None. *toolchain* is this machine's probe, to be
+    recorded for *pool* on *host*; *channels* are the promotion channels the build would
+    fill."""
     try:
-        state = build_state(registry_url, keys, recipe=loaded.digest, pool=pool,
-                            name=loaded.recipe.display_name,
-                            aliases={channel.alias for channel in channels})
+        state = build_state(registry_url, keys, recipe=plan.digest, pool=pool,
+                            name=plan.name, aliases={channel.alias for channel in channels})
     except RegistryError:  # the full path opens it, and says what is wrong
         return None
     probe = state.probe
     if not state.current or not state.recipe_stored \
-            or state.latest_recipe != (loaded.digest, str(Path(loaded.path).resolve())) \
+            or state.latest_recipe != (plan.digest, plan.path) \
             or probe is None or probe.host != host or probe.fingerprint != toolchain.as_dict():
         return None
     summary = outcomes(plan, keys, state, settings=settings, local_gpu=toolchain.gpu)
@@ -76,7 +75,7 @@ def would_promote(summary: BuildSummary, channels: Sequence[Channel], state: Bui
     return False
 
 
-def outcomes(plan: Plan, keys: set[str], state: BuildState, *, settings: Settings,
+def outcomes(plan: PlanFacts, keys: set[str], state: BuildState, *, settings: Settings,
              local_gpu: str | None) -> BuildSummary | None:
     """What the walk reports for *keys* given *state*: every reuse in plan order, then the
     smoke runs (the walk settles hits at once and hears from smoke runs after); None when
@@ -111,3 +110,28 @@ def outcomes(plan: Plan, keys: set[str], state: BuildState, *, settings: Setting
         smoked.append(pending_smoke(run.stage, key, run.targets, entry=entry.digest,
                                     gpu=run.gpu, reason=reason))
     return BuildSummary(reused + smoked)
+
+
+def remembered_noop(recipe: Path, *, settings: Settings, registry_url: str,
+                    only: str | None) -> tuple[PlanFacts, BuildSummary] | None:
+    """A local build of *recipe* (the targets matching *only*) with nothing to do, answered
+    from the plan a build remembered (`pipeline.planning.plan_cache`) and this machine's
+    probe, taken now (its vLLM part remembered per Python: `runtimes.remembered_vllm_in`):
+    the plan's facts and the summary, or None when the plan must be made from the recipe
+    or there is work (`noop_summary`)."""
+    import socket
+
+    from pipeline.planning.plan_cache import cache_dir, remembered_plan
+    from pipeline.planning.toolchain import local_pool, probe
+
+    found = probe(settings, remember=cache_dir(settings))
+    plan = remembered_plan(recipe, settings, found.toolchain)
+    if plan is None:
+        return None
+    keys = plan.keys(only)
+    if not keys:  # the full path says that --only matches nothing
+        return None
+    summary = noop_summary(plan, keys, settings=settings, toolchain=found.toolchain,
+                           registry_url=registry_url, pool=local_pool(),
+                           host=socket.gethostname(), channels=plan.channels)
+    return None if summary is None else (plan, summary)

@@ -13,19 +13,20 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.executors.result import BuildResult
 from pipeline.listings import plan_lines
 from pipeline.planning.keys import short_key
 from pipeline.planning.outcome import BuildSummary, Outcome
-from pipeline.planning.plan import Plan, StageRun
 from registry.context import Context
 from registry.progress import Echo
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the plan: a no-op build says what it reused without the recipe's model
     from pipeline.executors.dag import Backend
+    from pipeline.planning.plan import Plan, StageRun
+    from pipeline.serving.promote import Promotion
     from registry.sql.records import ArtifactRecord
 
 
@@ -144,8 +145,9 @@ def dry_run_lines(result: BuildResult) -> list[str]:
     return plan_lines(result.plan, built=frozenset(result.hits))
 
 
-def summary_lines(result: BuildResult) -> list[str]:
-    summary = result.summary
+def summary_lines(summary: BuildSummary, promotions: Sequence[Promotion] = ()) -> list[str]:
+    """What the CLI prints after a build: the counts, each run built, each awaiting a smoke
+    or failed, and the aliases *promotions* moved."""
     lines = [
         "",
         (f"built {summary.count('built')}, reused {summary.count('reused')}, "
@@ -166,6 +168,6 @@ def summary_lines(result: BuildResult) -> list[str]:
     for outcome in summary.outcomes:
         if outcome.status == "smoke-failed":
             lines.append(f"SMOKE FAILED {outcome.targets[0]}: {outcome.error}")
-    for promotion in result.promotions:
+    for promotion in promotions:
         lines.append(f"promoted {promotion.alias} -> {promotion.new} ({promotion.reason})")
     return lines

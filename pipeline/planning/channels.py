@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import RecipeError
-from pipeline.planning.target import Target, selects
-from pipeline.recipe.reader import LoadedRecipe
 from registry.identity.refs import valid_alias_name
+
+if TYPE_CHECKING:  # a remembered plan's channels are read without the recipe's model
+    from pipeline.planning.target import Target
+    from pipeline.recipe.reader import LoadedRecipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ def render(template: str, target: Target, model: str) -> str:
 def channels(loaded: LoadedRecipe, chains: Sequence[tuple[Target, list[str]]]) -> list[Channel]:
     """The channels of *loaded* over its planned targets (each with its chain of keys,
     source first, the entry and its smoke run last); RecipeError as the module says."""
+    from pipeline.planning.target import selects
+
     found: dict[str, Channel] = {}
     model = loaded.recipe.model.name
     for index, entry in enumerate(loaded.recipe.promote):

@@ -18,6 +18,7 @@ from pipeline.planning.channels import Channel, channels
 from pipeline.planning.keys import short_key, stage_key
 from pipeline.planning.memory import Fit, calibration_gpus
 from pipeline.planning.source import ModelSource, model_source
+from pipeline.planning.stage_run import ArgvBuilder, DirOf, StageRun, keys_of, no_argv
 from pipeline.planning.target import Target
 from pipeline.planning.targets import plan_targets
 from pipeline.planning.toolchain import BUILDER_IMAGE, PoolToolchains, Toolchain, key_toolchain
@@ -32,6 +33,11 @@ from pipeline.stages.serve import VllmServing, trtllm_serve_argv, vllm_argv
 from registry.identity.canonical import floats_as_strings
 from registry.tokenizer import TOKENIZER_DIR
 
+__all__ = [  # StageRun lives in pipeline.planning.stage_run; the executors import it from here
+    "ENTRY_KINDS", "KIND_ENGINE", "KIND_HF", "Plan", "PlannedTarget", "StageRun", "plan_recipe",
+    "selected_keys",
+]
+
 # What each stage run produces (DESIGN §1 profile kinds and intermediates).
 KIND_HF = "hf-checkpoint"
 KIND_QUANTIZED = "quantized-checkpoint"
@@ -41,49 +47,6 @@ KIND_TRTLLM_CHECKPOINT = "trtllm-checkpoint"
 KIND_VLLM = "vllm"
 KIND_SMOKE = "smoke-report"
 ENTRY_KINDS = {"trtllm": KIND_ENGINE, "trtllm-pytorch": KIND_TRTLLM_CHECKPOINT, "vllm": KIND_VLLM}
-
-DirOf = Callable[[str], Path]
-ArgvBuilder = Callable[[DirOf, Path], "list[str] | None"]
-"""Builds a run's argv from where its inputs are (by key) and its output directory: the plan
-shows it with work directories, the executor runs it with the real ones."""
-
-
-def _no_argv(_dirs: DirOf, _out: Path) -> list[str] | None:
-    return None
-
-
-@dataclass
-class StageRun:
-    stage: str
-    key: str
-    kind: str
-    params: dict[str, Any]
-    inputs: list[str]
-    toolchain: dict[str, Any]
-    workdir: Path
-    make_argv: ArgvBuilder = field(default=_no_argv, repr=False)
-    argv: list[str] | None = None  # make_argv with the plan's work directories, for display
-    gpu: str | None = None  # the GPU SKU this run must execute on, if any ("CPU": the CPU)
-    gpus: int = 0  # how many of that SKU's GPUs it needs on one node
-    targets: list[str] = field(default_factory=list)
-    before: list[list[str]] = field(default_factory=list)  # shown: programs it runs first
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "key": self.key,
-            "kind": self.kind,
-            "inputs": self.inputs,
-            "params": self.params,
-            "toolchain": self.toolchain,
-            "gpu": self.gpu,
-            "gpus": self.gpus,
-            "workdir": str(self.workdir),
-            "argv": self.argv,
-            "targets": self.targets,
-            **({"before": self.before} if self.before else {}),
-        }
-
 
 @dataclass
 class PlannedTarget:
@@ -207,7 +170,7 @@ class _Planner:
             params = {"source": model.source, "revision": self.source.revision}
         return self.add(
             target, "snapshot", kind=KIND_HF, params=params, inputs=[],
-            toolchain=self.toolchains.default, toolchain_stage="snapshot", argv=_no_argv,
+            toolchain=self.toolchains.default, toolchain_stage="snapshot", argv=no_argv,
         )
 
     def quantize(self, target: Target, source: str, export: Export) -> str:
@@ -359,7 +322,7 @@ class _Planner:
             target, "build", kind=ENTRY_KINDS[target.runtime], params=params, inputs=[checkpoint],
             toolchain=self.toolchains.for_gpu(target.gpu.sku),
             toolchain_stage=f"build:{target.runtime}",
-            argv=_no_argv,
+            argv=no_argv,
         )
 
 
@@ -386,10 +349,4 @@ def plan_recipe(
 
 def selected_keys(plan: Plan, only: str | None) -> set[str]:
     """The keys the targets matching *only* (a glob over target ids) need."""
-    import fnmatch
-
-    keys: set[str] = set()
-    for planned in plan.targets:
-        if only is None or fnmatch.fnmatch(planned.target.id, only):
-            keys.update(planned.chain)
-    return keys
+    return keys_of(((t.target.id, t.chain) for t in plan.targets), only)

@@ -13,7 +13,6 @@ does with racy entries), a calibration file's the same way, and a branch's commi
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -25,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.errors import RecipeError
+from pipeline.planning.file_stats import RACY_S, file_signature, tree_signature
 from pipeline.recipe.fields import COMMIT
 from pipeline.recipe.messages import field_path, line_of, one_line, quote
 from pipeline.recipe.model import Architecture
@@ -32,8 +32,6 @@ from pipeline.recipe.reader import LoadedRecipe, expand_path, load_recipe, local
 from pipeline.recipe.schema import Calibration, Recipe
 from pipeline.stages.hub import HubError, resolve_commit
 from registry.identity.digest import sha256_of, tree_digest
-
-_RACY_S = 2.0  # a file changed this recently may change again within its mtime's tick
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +52,7 @@ def model_source(loaded: LoadedRecipe) -> ModelSource:
     digest = None
     if recipe.model.is_local:
         try:
-            digest = _cached(local_source_dir(recipe, path.parent), _tree_signature,
+            digest = _cached(local_source_dir(recipe, path.parent), tree_signature,
                              lambda root: str(tree_digest(root)))
         except (OSError, ValueError) as exc:
             raise RecipeError(
@@ -89,35 +87,10 @@ def _cached(root: Path, signature: Callable[[Path], tuple[object, float]],
         return hit[1]
     started = time.time()
     found = compute(root)
-    if newest < started - _RACY_S:
+    if newest < started - RACY_S:
         with _lock:
             _digests[root] = (seen, found)
     return found
-
-
-def _stat_of(path: Path) -> tuple[tuple[int, int, int, int], float]:
-    st = path.lstat()
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino), max(st.st_mtime, st.st_ctime)
-
-
-def _tree_signature(root: Path) -> tuple[object, float]:
-    entries = []
-    newest = 0.0
-    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise):
-        for name in sorted(dirnames + filenames):
-            entry = Path(dirpath, name)
-            stat, changed = _stat_of(entry)
-            entries.append((entry.relative_to(root).as_posix(), stat))
-            newest = max(newest, changed)
-    return tuple(sorted(entries)), newest
-
-
-def _raise(exc: OSError) -> None:
-    raise exc
-
-
-def _file_signature(path: Path) -> tuple[object, float]:
-    return _stat_of(path)
 
 
 def read_config_architecture(model_dir: Path) -> Architecture:
@@ -233,7 +206,7 @@ def _calibration_file(
     field = "quantize.calibration.file"
     line = line_of(node, ("quantize", "calibration", "file"))
     try:
-        found = _cached(file, _file_signature, lambda f: str(sha256_of(f.read_bytes())))
+        found = _cached(file, file_signature, lambda f: str(sha256_of(f.read_bytes())))
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
         reason = one_line(getattr(exc, "strerror", None) or exc)
         raise RecipeError(

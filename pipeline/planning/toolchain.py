@@ -21,6 +21,8 @@ from registry.errors import UsageError
 from registry.gpus import GpuSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pipeline.recipe.schema import ToolchainPins
     from pipeline.settings import Settings
 
@@ -290,21 +292,24 @@ class Probe:
     """Where each field of *toolchain* was read (or looked for, when it is None)."""
 
 
-def probe(settings: Settings) -> Probe:
+def probe(settings: Settings, *, remember: Path | None = None) -> Probe:
     """This machine's fingerprint, each field read where it lives (`Probe.sources`): GPU and
     driver from nvidia-smi's query (the GPU through the catalog), the CUDA the driver runs from
     its banner, the image's CUDA toolkit (torch.version.cuda) and TensorRT, TRT-LLM, modelopt,
     torch and transformers from the builder's Python (ENGINECTL_PYTHON), vLLM from vLLM's
     Python (ENGINECTL_VLLM_PYTHON), the image digest from this process's ENGINECTL_IMAGE_DIGEST
-    (on a Ray node, the node's own)."""
+    (on a Ray node, the node's own). With *remember* (a build's directory), vLLM's Python
+    is asked only when what it has installed changed (`runtimes.remembered_vllm_in`); the
+    rest is asked every time."""
     import os
 
-    from pipeline.host.runtimes import vllm_in
+    from pipeline.host.runtimes import remembered_vllm_in, vllm_in
     from registry.gpus import UnknownGpuError, lookup_gpu
 
     smi = _nvidia_smi()
     found, problem = _builder_python(settings.python)
-    vllm = vllm_in(settings.vllm_python)
+    vllm = (vllm_in(settings.vllm_python) if remember is None
+            else remembered_vllm_in(settings.vllm_python, remember))
     gpu = sm = None
     note = None
     if smi.name is None:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.host.runtimes import program, vllm_in
-from pipeline.recipe.schema import SmokeSettings
 from pipeline.serving.verdict import answers_to
 from pipeline.stages.serve import vllm_form
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from pipeline.deploy.tokenizer import Tokenizer
     from pipeline.planning.plan import StageRun
     from pipeline.planning.toolchain import Toolchain
+    from pipeline.recipe.schema import SmokeSettings
     from pipeline.serving.smoke import SmokeReport
     from pipeline.settings import Settings
     from registry.context import Context
@@ -138,6 +138,8 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
         argv = [part.replace(str(model_dir), str(whole)) for part in argv]
         model_dir = whole
     argv = _with_tokenizer(ctx, tokenizer, argv, model_dir)
+    from pipeline.recipe.schema import SmokeSettings  # pydantic: not where a no-op build asks
+
     smoke_settings = SmokeSettings()
     if text is not None:  # only the smoke section: the source may not be on this machine
         section = (yaml.safe_load(text) or {}).get("smoke") or {}
