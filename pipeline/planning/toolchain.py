@@ -157,7 +157,7 @@ distribution name. `vllm` is read from vLLM's own Python (`pipeline.host.runtime
 # there or, for this very interpreter, in this process: each distribution's version, and
 # torch.version.cuda read by loading torch/version.py alone (importing torch takes seconds).
 _ENV_SCRIPT: Final = (
-    "import importlib.metadata as m, importlib.util as u, json, sys\n"
+    "import importlib.metadata as m, importlib.util as u, json, site, sys\n"
     "def read(names):\n"
     "    out = {}\n"
     "    for name in names:\n"
@@ -171,13 +171,38 @@ _ENV_SCRIPT: Final = (
     "        spec.loader.exec_module(module)\n"
     "        cuda = module.cuda\n"
     "    except Exception: pass\n"
-    "    return {'versions': out, 'cuda': cuda, 'python': sys.executable}\n"
+    "    return {'versions': out, 'cuda': cuda, 'python': sys.executable,\n"
+    "            'sys_path': sys.path, 'user_site': site.getusersitepackages()}\n"
     "if __name__ == '__main__': print(json.dumps(read(sys.argv[1:])))\n"
 )
 
 
-def _builder_python(python: str) -> tuple[dict[str, Any], str | None]:
-    """What `_ENV_SCRIPT` finds in *python*, and why it found nothing (or None)."""
+def _builder_python(python: str, remember: Path | None) -> tuple[dict[str, Any], str | None]:
+    """What `_ENV_SCRIPT` finds in *python*, and why it found nothing (or None); with
+    *remember*, remembered while nothing *python* has installed changed
+    (`pipeline.host.state.remembered_answer`)."""
+    import sys
+
+    if remember is None:
+        return _ask_builder_python(python)
+    from pipeline.host.runtimes import program
+    from pipeline.host.state import remembered_answer
+
+    problems: list[str] = []
+
+    def ask() -> dict[str, Any] | None:
+        found, problem = _ask_builder_python(python)
+        if problem is not None:
+            problems.append(problem)
+            return None
+        return found
+
+    where = sys.executable if python == sys.executable else program(python)
+    answer = remembered_answer(remember, "builder", where, ask)
+    return (answer, None) if answer is not None else ({}, problems[0] if problems else None)
+
+
+def _ask_builder_python(python: str) -> tuple[dict[str, Any], str | None]:
     import json
     import sys
 
@@ -307,7 +332,7 @@ def probe(settings: Settings, *, remember: Path | None = None) -> Probe:
     from registry.gpus import UnknownGpuError, lookup_gpu
 
     smi = _nvidia_smi()
-    found, problem = _builder_python(settings.python)
+    found, problem = _builder_python(settings.python, remember)
     vllm = (vllm_in(settings.vllm_python) if remember is None
             else remembered_vllm_in(settings.vllm_python, remember))
     gpu = sm = None
