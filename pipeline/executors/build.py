@@ -8,7 +8,9 @@ A build with nothing to do (every stage run done, the probe the one last recorde
 answered from one read of the registry through its database driver
 (`pipeline.executors.noop`): the ORM, Alembic and the executors are imported only when there
 is work, or a dry run finds a registry to migrate. A build on a Ray cluster is
-`pipeline.executors.ray_build`'s.
+`pipeline.executors.ray_build`'s. A build that reads the recipe itself (not a dry run)
+remembers its plan for the no-op builds after it (`pipeline.planning.plan_cache`,
+`pipeline.executors.noop.remembered_noop`).
 """
 
 from __future__ import annotations

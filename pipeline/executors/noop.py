@@ -20,6 +20,11 @@ toolchain probe other than the last one recorded for this machine's pool, or a r
 at the schema head (one to migrate, or to refuse). An unchanged probe is not recorded again.
 Reads only; pure apart from `build_state` and the smoke check of
 `pipeline.serving.smoke_here.unavailable`.
+
+`remembered_noop` is `enginectl build`'s first try: this machine's probe (every time), the
+plan a build remembered (`pipeline.planning.plan_cache`, taken only while nothing it depends
+on changed, that probe included) and `noop_summary`, without reading the recipe with
+pydantic or planning; anything else takes `pipeline.executors.build.build_recipe`.
 """
 
 from __future__ import annotations
