@@ -129,7 +129,10 @@ def remembered_noop(recipe: Path, *, settings: Settings, registry_url: str,
     from pipeline.planning.plan_cache import cache_dir, remembered_plan
     from pipeline.planning.toolchain import local_pool, probe
 
-    found = probe(settings, remember=cache_dir(settings))
+    try:
+        found = probe(settings, remember=cache_dir(settings))
+    except Exception:  # noqa: BLE001 - the full path probes again and says it in its order
+        return None
     plan = remembered_plan(recipe, settings, found.toolchain)
     if plan is None:
         return None
