@@ -98,3 +98,28 @@ def test_a_command_imports_only_what_it_uses(
     found = json.loads(listing.read_text())
     assert found["code"] in (0, None), (done.stdout, done.stderr)
     assert set(found["modules"]) <= allowed, f"{name} imported {found['modules']}"
+
+
+def test_a_noop_build_imports_none_of_them(tmp_path: Path) -> None:
+    """`build` with nothing to do takes the plan the build before it remembered
+    (`pipeline.planning.plan_cache`) and reads the registry on the driver: no pydantic."""
+    import time
+
+    from pipeline.planning.file_stats import RACY_S
+    from tests.helpers import builder_env
+    from tests.integration.builds import write_recipe
+
+    recipe = write_recipe(tmp_path)
+    time.sleep(RACY_S + 0.1)  # a model written a moment ago is too new to remember a plan of
+    env = builder_env(tmp_path, f"sqlite:///{tmp_path / 'home' / 'registry.db'}")
+    enginectl = str(Path(sys.executable).parent / "enginectl")
+    subprocess.run([enginectl, "-q", "build", str(recipe), "--json"], env=env,
+                   capture_output=True, check=True, timeout=600)
+    listing = tmp_path / "build.json"
+    done = subprocess.run([sys.executable, "-c", RUN_AND_LIST_MODULES, str(listing), "-q",
+                           "build", str(recipe), "--json"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    found = json.loads(listing.read_text())
+    assert found["code"] in (0, None), (done.stdout, done.stderr)
+    assert json.loads(done.stdout)["built"] == 0
+    assert set(found["modules"]) <= ON_THE_DRIVER, f"a no-op build imported {found['modules']}"
