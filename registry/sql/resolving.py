@@ -29,7 +29,6 @@ error suggests). Reads only, as plain values; `registry.ops.resolve` ranks them.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from datetime import datetime
 from typing import Any, Final, NamedTuple
@@ -86,8 +85,8 @@ def candidate_rows(reader: DriverReader, model: str, gpu: str, *, every_status: 
             found[row_id] = CandidateRow(
                 digest, kind, name, status, utc_time(created_at), on_gpu, quant, kv, tp,
                 batch, seq, pp, row_id, {"trtllm": trtllm, "tensorrt": tensorrt}, [],
-                None if not with_gpus else tuple(  # SQLite: json_group_array's text
-                    json.loads(gpus) if isinstance(gpus, str) else gpus or ()))
+                None if not with_gpus else tuple(  # SQLite: group_concat's text
+                    gpus.split("\x1f") if isinstance(gpus, str) else gpus or ()))
         if report_id is not None:
             at = utc_time(proved_at)
             proofs.setdefault(row_id, []).append((at, report_id, Proof(
@@ -125,8 +124,9 @@ _PASSED: Final = ("{r}.artifact_id = a.id AND {r}.gpu = :gpu AND {r}.passed IS {
 _GPUS: Final = {
     "postgresql": "(SELECT array_agg(e.gpu ORDER BY e.gpu) FROM artifact_evidence e "
                   "WHERE e.artifact_id = a.id)",
-    "sqlite": "(SELECT json_group_array(gpu) FROM (SELECT e.gpu FROM artifact_evidence e "
-              "WHERE e.artifact_id = a.id ORDER BY e.gpu))",
+    # one text, the names apart by the unit separator (no SKU has it); NULL for none
+    "sqlite": "(SELECT group_concat(gpu, char(31)) FROM (SELECT e.gpu FROM artifact_evidence "
+              "e WHERE e.artifact_id = a.id ORDER BY e.gpu))",
 }
 _ENGINE_HERE: Final = "a.kind = 'trtllm-engine' AND a.gpu = :gpu"
 
