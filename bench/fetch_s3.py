@@ -249,6 +249,11 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             print(f"{name:<38} {wall:8.2f} {size / wall / 1e6:5.0f} {wall / base:5.2f} "
                   f"{median([x.cpu for x in values]):5.1f} {median(server_cpu[name]):6.1f} "
                   f"{shown:>9}  {', '.join(f'{x.seconds:.1f}' for x in values)}")
+        print("\nper round (the machine may be shared: CPU seconds vary less than wall time):")
+        for name, values in samples.items():
+            served = sum(server_cpu[name]) / (len(values) * size / GiB)
+            print(f"{name:<38} CPU s {', '.join(f'{x.cpu:.2f}' for x in values)}; server CPU s "
+                  f"{', '.join(f'{x:.2f}' for x in server_cpu[name])} ({served:.2f} per GiB)")
         print()
         ours = samples["(a) enginectl fetch, cold cache"]
         cpu_gib = median([x.cpu for x in ours]) / (size / GiB)
@@ -259,6 +264,9 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
         s5 = "(d) s5cmd cp"
         if s5 in samples:
             ratio = median([x.seconds for x in samples[s5]]) / base
+            paired = [peer.seconds / x.seconds for peer, x in zip(samples[s5], ours, strict=True)]
+            print(f"(a) vs {s5} round by round: "
+                  f"{', '.join(f'{x:.2f}x' for x in paired)} (median {median(paired):.2f}x)")
             peer_gib = median([x.cpu for x in samples[s5]]) / (size / GiB)
             print(f"(a) vs {s5}: {ratio:.2f}x s5cmd's speed, {'meets' if ratio >= 1 else 'MISSES'} "
                   f"the >= 1.0x target; CPU {cpu_gib:.2f} vs {peer_gib:.2f} CPU-s/GiB "
