@@ -24,14 +24,18 @@ migrated to the schema head by each run (a new index is built there); `--reseed`
 again. Then it calls
 `resolve(ctx, Request(model, gpu, gpu_count=8))` in this process for random models and
 GPUs, CALLS times after WARMUP calls, fresh after seeding and again after ANALYZE, and
-`resolve(..., explain=True)` (every status, what `enginectl resolve --explain` reads).
-Prints p50/p90/p99/max, the query plans, and where the time goes (cProfile).
+`resolve(..., explain=True)` (every status, what `enginectl resolve --explain` reads), on a
+`Context(readonly=True)` as `enginectl resolve`, `pull` and `serve` open it: one driver
+connection held for all calls (`Context.reader`). Prints, per case, p50/p90/p99/max of the
+wall clock and, under it, of the call's own CPU time (what other processes' load does not
+stretch; PostgreSQL's server time is in the wall clock only), the plan of resolve's
+statement, where the time goes (cProfile), and a summary of both with the load.
 
 Target: p99 < 5 ms on both databases, fresh and after ANALYZE; `explain=True` p99 < 10 ms.
 Run: `.venv/bin/python bench/resolve_scale.py [--rows N] [--models N] [--calls N]
-[--sqlite-only] [--reseed]` from the repository root (≈2 minutes at 100,000 rows; the first
-run at a million rows ≈15 minutes, later ones ≈3; `--quick`: 300 rows of 3 models, 60
-calls, to check the script runs).
+[--sqlite-only | --postgresql-only] [--reseed]` from the repository root (≈2 minutes at
+100,000 rows; the first run at a million rows ≈15 minutes, later ones ≈3; `--quick`: 300
+rows of 3 models, 60 calls, to check the script runs).
 """
 
 from __future__ import annotations
