@@ -8,11 +8,13 @@ whose driver errors come out as `open_reader`'s do (`lookup.driver_failure`: unr
 damaged, or `RegistryError` in one line). On PostgreSQL the connection is autocommit and
 retries a blip (`registry.sql.resilient`): each statement is one round trip, no BEGIN or
 COMMIT around it, and psycopg prepares a statement the connection runs again and again.
-One thread at a time, as any DB-API connection.
+The connection serves the thread that opened it; a call from another thread reads on a
+connection of its own for that call (`open_reader`), as a DB-API connection is one thread's.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -25,7 +27,8 @@ class HeldReader:
     """The registry at *url* read on its driver, open until `close` (module doc)."""
 
     def __init__(self, url: str, retry_s: float = REGISTRY_RETRY_DEFAULT_S) -> None:
-        self._url = url
+        self._url, self._retry_s = url, retry_s
+        self._thread = threading.get_ident()
         with ExitStack() as opening:
             self._reader = opening.enter_context(open_reader(url, retry_s))
             refuse_unless_head(self._reader, url)
@@ -43,6 +46,11 @@ class HeldReader:
 
     @contextmanager
     def reading(self) -> Iterator[DriverReader]:
+        if threading.get_ident() != self._thread:  # another thread's: a connection of its own
+            with open_reader(self._url, self._retry_s) as reader:
+                refuse_unless_head(reader, self._url)
+                yield reader
+            return
         try:
             yield self._reader
         except self._failure as exc:

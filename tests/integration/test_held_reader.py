@@ -88,3 +88,20 @@ def test_no_registry_is_refused_as_a_read_refuses_it(tmp_path: Path) -> None:
     with pytest.raises(NoRegistryError):
         resolve(ctx, Request(model="llama-8b", gpu=lookup_gpu("h100")))
     assert not (tmp_path / "none").exists()
+
+
+def test_another_thread_reads_on_a_connection_of_its_own(
+    registry_url: str, tmp_path: Path
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    first = _add_proven(registry_url, "first")
+    ctx = _context(registry_url, tmp_path)
+    request = Request(model="llama-8b", gpu=lookup_gpu("h100"))
+    try:
+        assert [c.digest for c in resolve(ctx, request).candidates] == [first]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: resolve(ctx, request), range(4)))
+    finally:
+        ctx.close()
+    assert [[c.digest for c in ranked.candidates] for ranked in answers] == [[first]] * 4
