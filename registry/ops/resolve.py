@@ -226,8 +226,10 @@ def resolve(
     on "this fingerprint"). Only artifacts with a passing proof on the SKU are candidates,
     unless *request.allow_unproven* (the module doc); with *explain* every artifact, and
     when the words need it (nothing proven on the SKU, or *allow_unproven*) each one with no
-    proof there, carries the GPUs it was proven on (`Candidate.evidence`): one query more,
-    which a node with a proven candidate never waits for.
+    proof there, carries the GPUs it was proven on (`Candidate.evidence`). One statement on
+    the database driver (`registry.sql.resolving`, on `Context.reader`); a second only when
+    nothing is proven on the SKU (where each passed, for the words) or nothing is found (is
+    the model known?).
 
     A model the registry has no artifact of raises `UnknownModelError` (exit 6, not found,
     with the closest model it does know) instead of an empty ranking: a typo is not
