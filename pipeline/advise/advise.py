@@ -26,13 +26,16 @@ def advise(
     from pipeline.errors import NothingProvenError
     from registry.errors import UnknownModelError
     from registry.sql.curve_records import current_fingerprints, curve_proofs
-    from registry.sql.records import known_models
 
     with ctx.registry.session(readonly=True) as session:
         proofs = curve_proofs(session, model, tuple(RUNTIME_OF))
         fingerprints = current_fingerprints(session)
-        if not proofs and model not in (known := known_models(session)):
-            raise UnknownModelError(model, known)
+    if not proofs:
+        from registry.sql.resolving import known_models
+
+        with ctx.reader.reading() as reader:
+            if model not in (known := known_models(reader)):
+                raise UnknownModelError(model, known)
     advice = decide(model, proofs, fingerprints, slo=slo, rate=rate, prices=prices or {},
                     gpu=gpu)
     if not advice.ranked and not advice.short:

@@ -320,9 +320,3 @@ def find_by_keys(session: Executor, keys: set[str]) -> dict[str, ArtifactRecord]
         if record.key is not None:
             found[record.key] = record  # later rows win: the newest
     return found
-
-
-def known_models(session: Executor) -> list[str]:
-    """The models the registry has an artifact of that is not deleted, sorted."""
-    query = select(ARTIFACTS.c.model).distinct().where(ARTIFACTS.c.status != "deleted")
-    return sorted(session.scalars(query))

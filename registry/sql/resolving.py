@@ -97,8 +97,8 @@ def candidate_rows(reader: DriverReader, model: str, gpu: str, *, every_status: 
 
 
 def known_models(reader: DriverReader) -> list[str]:
-    """The models the registry has an artifact of that is not deleted, sorted (the same
-    as `registry.sql.records.known_models` over a session)."""
+    """The models the registry has an artifact of that is not deleted, sorted (resolve's and
+    advise's "is this model known?")."""
     return sorted(str(row[0]) for row in reader.rows(
         "SELECT DISTINCT model FROM artifacts WHERE status <> 'deleted'"))
 

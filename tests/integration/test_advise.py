@@ -128,8 +128,10 @@ def test_a_model_with_nothing_proven_with_a_curve_is_exit_6(seeded: Seeded) -> N
                "2", code=6)
     assert "nothing proven to advise other from" in done.stderr
     assert "no capacity curve" in done.stderr
-    cli(seeded.home, "route", "--model", "nope", "--ttft-p95", "300ms", "--rate", "2",
-        "--json", code=6)
+    unknown = cli(seeded.home, "route", "--model", "ohter", "--ttft-p95", "300ms", "--rate",
+                  "2", "--json", code=6)
+    assert "no artifact of model 'ohter' in the registry" in unknown.stderr
+    assert "(it has m, other)" in unknown.stderr  # read on the driver, like resolve's
 
 
 @pytest.mark.parametrize(("args", "message"), [
