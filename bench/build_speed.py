@@ -102,7 +102,8 @@ def overhead(tmp: Path, *, quick: bool = False) -> None:
 
 def cached_build(tmp: Path, *, runs: int = 7) -> None:
     from pipeline.planning.plan import plan_recipe
-    from pipeline.planning.toolchain import for_build, probe
+    from pipeline.planning.probe import probe
+    from pipeline.planning.toolchain import for_build
     from pipeline.recipe.reader import load_recipe
     from pipeline.settings import Settings
     from registry.config import RegistryConfig

@@ -143,7 +143,7 @@ def _registry_reach(url: str, schema: dict[str, str | None], *, retry_s: float) 
 
 def runtimes(settings: Settings, env: Mapping[str, str]) -> list[ProgramCheck]:
     """vLLM's Python and its vllm, trtllm-serve, trtllm-build and nvidia-smi."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
 
     vllm = vllm_in(settings.vllm_python)
     source = (CONFIGURED if vllm_pythons(env)[0].found_by == CONFIGURED

@@ -352,7 +352,7 @@ def toolchain(as_json: bool) -> None:
       enginectl toolchain
       enginectl toolchain --json
     """
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
     from pipeline.settings import Settings
 
     found = probe(Settings.from_env())

@@ -31,7 +31,7 @@ def node_request(model: str, gpu: str | GpuSpec, *, gpu_count: int | None = None
     With *ctx*, "auto" on a machine without nvidia-smi suggests `--gpu cpu` when *model* has
     an entry proven on the CPU (`_cpu_hint`)."""
     from pipeline.errors import NoNvidiaSmiError
-    from pipeline.planning.toolchain import local_gpu
+    from pipeline.planning.probe import local_gpu
     from registry.gpus import GpuSpec, lookup_gpu
     from registry.ops.resolve import Request
 
@@ -99,11 +99,11 @@ def model_request(verb: str, ref: str | None, model: str | None, gpu: str | GpuS
 
 
 def installed_toolchain() -> Toolchain:
-    """This deploy node's fingerprint (`pipeline.planning.toolchain.probe`). `pull` and
+    """This deploy node's fingerprint (`pipeline.planning.probe.probe`). `pull` and
     `serve` are a node's top and the documented Python API hands them a Context alone, so
     the node's Pythons (ENGINECTL_PYTHON, ENGINECTL_VLLM_PYTHON) are read from its own
     environment here, once per question, as before."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
     from pipeline.settings import Settings
 
     return probe(Settings.from_env()).toolchain

@@ -25,8 +25,9 @@ from pipeline.executors.result import BuildOptions, BuildResult, Planned, raise_
 from pipeline.executors.view import describe, walk_and_report
 from pipeline.planning.plan import Plan, plan_recipe, selected_keys
 from pipeline.planning.plan_cache import cache_dir, facts_of, remember_plan
+from pipeline.planning.probe import Probe, local_pool, probe
 from pipeline.planning.source import read_recipe
-from pipeline.planning.toolchain import Probe, Toolchain, for_build, local_pool, probe
+from pipeline.planning.toolchain import Toolchain, for_build
 from pipeline.recipe.reader import LoadedRecipe
 from pipeline.settings import Settings
 from registry.context import Context

@@ -127,7 +127,7 @@ def remembered_noop(recipe: Path, *, settings: Settings, registry_url: str,
     import socket
 
     from pipeline.planning.plan_cache import cache_dir, remembered_plan
-    from pipeline.planning.toolchain import local_pool, probe
+    from pipeline.planning.probe import local_pool, probe
 
     try:
         found = probe(settings, remember=cache_dir(settings))

@@ -31,14 +31,8 @@ from pipeline.executors.groups import Group, group_lines, groups_of, plan_groups
 from pipeline.executors.pools import CPU_POOL
 from pipeline.planning.keys import short_key
 from pipeline.planning.plan import Plan, plan_recipe
-from pipeline.planning.toolchain import (
-    BUILDER_IMAGE,
-    FIELDS,
-    Toolchain,
-    for_plan,
-    from_dict,
-    local_pool,
-)
+from pipeline.planning.probe import local_pool
+from pipeline.planning.toolchain import BUILDER_IMAGE, FIELDS, Toolchain, for_plan, from_dict
 from pipeline.recipe.reader import LoadedRecipe
 from pipeline.recipe.schema import ToolchainPins
 from pipeline.settings import Settings

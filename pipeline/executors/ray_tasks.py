@@ -59,7 +59,7 @@ def _node() -> dict[str, str]:
 
 def probe_node() -> dict[str, Any]:
     """The toolchain probe on this node (what `enginectl toolchain --json` prints here)."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
 
     # a Ray task is its node's top: this node's own Pythons, nvidia-smi and image digest
     found = probe(Settings.from_env())
@@ -114,7 +114,7 @@ def _context() -> Context:
 
 def _late_node(spec: TaskSpec, plan: Plan, settings: Settings) -> str | None:
     """Why this node, which joined its pool after the probe, cannot run for this plan."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
 
     found = probe(settings).toolchain
     if spec.pool not in (CPU_POOL, found.gpu):

@@ -15,7 +15,7 @@ from pipeline.planning.outcome import BuildSummary
 if TYPE_CHECKING:
     from pipeline.executors.groups import GroupedPlan, NodeProbe
     from pipeline.planning.plan import Plan
-    from pipeline.planning.toolchain import Probe
+    from pipeline.planning.probe import Probe
     from pipeline.serving.promote import Promotion
     from registry.progress import Echo
 

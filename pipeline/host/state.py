@@ -1,7 +1,7 @@
 """What a build remembers between runs, in files of its work directory: the plan
 (`pipeline.planning.plan_cache`) and what a Python said about its installed distributions
 (`remembered_answer`: vLLM's Python, `pipeline.host.runtimes.remembered_vllm_in`, and the
-builder's, `pipeline.planning.toolchain.probe`). Each file is written whole or not at all
+builder's, `pipeline.planning.probe.probe`). Each file is written whole or not at all
 (`write_atomically`), so a reader finds the old file, the new one, or none; one it cannot
 read or trust is a miss.
 

@@ -102,7 +102,7 @@ def recorded(ctx: Context) -> list[LoadedRecipe | RecipeReport]:
 
 
 def _pools_of(plan: Plan, executor: str) -> list[str]:
-    from pipeline.planning.toolchain import local_pool
+    from pipeline.planning.probe import local_pool
 
     if executor == "local":
         return [local_pool()]
@@ -119,7 +119,7 @@ def _keyed_before(loaded: LoadedRecipe, settings: Settings, executor: str,
         return None if probe is None else for_plan(from_dict(probe.fingerprint), pins)[0]
 
     if executor == "local":
-        from pipeline.planning.toolchain import local_pool
+        from pipeline.planning.probe import local_pool
 
         found = recorded_toolchain(local_pool())
         return None if found is None else plan_recipe(loaded, settings, found)
@@ -351,7 +351,7 @@ def _gate(run: _Run, plan: Plan, targets: list[TargetReport], summary: BuildSumm
 def _lacking_gpu(plan: Plan, probes: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Target id -> why this machine cannot run it, for every GPU target of a SKU this
     machine does not have (the local executor's probe says which GPU it has, if any)."""
-    from pipeline.planning.toolchain import local_pool
+    from pipeline.planning.probe import local_pool
 
     here = (probes.get(local_pool()) or {}).get("gpu")
     return {p.target.id: f"needs a {p.target.gpu.sku} and this machine has {here or 'no GPU'}"

@@ -14,7 +14,7 @@ status as it was (never smoked, never quarantined):
                       forever) is refused before anything is submitted
     plan              `plan_notes` says it ahead, from this node's nvidia-smi
 
-The count is nvidia-smi's (`pipeline.planning.toolchain.local_gpu`). A node is judged only for work
+The count is nvidia-smi's (`pipeline.planning.probe.local_gpu`). A node is judged only for work
 on its own SKU: one that lists no GPU of the SKU is another matter (a smoke awaits a node of
 its SKU, a server says itself why it cannot start), and a CPU target needs no GPU at all.
 """
@@ -107,7 +107,7 @@ def on_this_node(sku: str | None, count: int) -> NodeGpus:
 def this_node() -> NodeGpus:
     """This node's GPUs as nvidia-smi lists them (none when it is missing, fails, or lists
     a GPU the catalog lacks). Reads only."""
-    from pipeline.planning.toolchain import local_gpu
+    from pipeline.planning.probe import local_gpu
     from registry.errors import UsageError
 
     try:

@@ -99,7 +99,7 @@ def prepare_served(ctx: Context, ref: str, settings: Settings) -> Served:
     from pipeline.deploy.refit import needs_refit, refitted_engine
     from pipeline.errors import MachineError
     from pipeline.planning.capacity import too_few_gpus
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
     from registry.errors import UsageError
     from registry.ops.fetch import load_manifest
     from registry.ops.fetch_files import fetch_once
@@ -225,6 +225,6 @@ def _with_tokenizer(ctx: Context, tokenizer: Tokenizer | None, argv: list[str],
 
 def _where(settings: Settings) -> Toolchain:
     """This machine's fingerprint (GPU SKU through the catalog; None without a GPU)."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
 
     return probe(settings).toolchain

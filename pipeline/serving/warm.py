@@ -130,7 +130,7 @@ def seed(ctx: Context, settings: Settings, started: Launch | None,
     *settings*, for the start and for the capture after it) and the warm cache this node
     already has for that key placed in its `.warm/` (the smoke then measures a warm start,
     and what it captures includes it); cold when there is none or it cannot be used."""
-    from pipeline.planning.toolchain import probe
+    from pipeline.planning.probe import probe
     from registry.ops.fetch import load_manifest
 
     if started is None:
