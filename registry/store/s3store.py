@@ -243,7 +243,9 @@ class S3Store:
         key = self._key(blob_name(digest))
 
         def write() -> Digest:
-            fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            # not O_TRUNC: truncating the cache's empty temp file arms ext4's auto_da_alloc, and
+            # close then writes the whole blob back in this thread (bench/README.md, fetch_s3)
+            fd = os.open(dest, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 return self._download(key, f"blob {digest}", fd, size, progress=progress,
                                       stop=stop, digest=digest)
@@ -304,8 +306,8 @@ class S3Store:
         else:
             total = size
         hasher = xxhash.xxh3_128()
+        os.ftruncate(fd, total)  # what the file held before goes (every byte is written)
         if total:
-            os.ftruncate(fd, total)
             with mmap.mmap(fd, total, access=mmap.ACCESS_READ) as region:
                 hashed = InOrderHash(MappedHash(region, hasher))
                 read_ranges(

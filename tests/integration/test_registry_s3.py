@@ -138,3 +138,34 @@ def test_a_permanent_s3_error_is_one_line_with_the_request_id(
     assert "does not exist" in message
     assert "request id" in message
     del aws_env
+
+
+def test_a_blob_is_written_into_the_cache_file_without_truncating_it(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cache hands get_blob an empty temp file; opened with O_TRUNC, ext4 (auto_da_alloc)
+    marks it, and its close starts writeback of the whole blob in the fetch's own thread,
+    which then waits on the disk before it takes the next blob and pays for the I/O's
+    submission (bench/README.md, fetch_s3). The size is set with ftruncate instead."""
+    from registry.store.opener import open_store
+    from tests.integration.store_objects import make_blob
+
+    store = open_store(f"s3://{s3_bucket}/trunc", s3_endpoint_url=s3_server.endpoint_url)
+    blob = make_blob(tmp_path, 3 << 20)
+    store.put_blob(blob.digest, blob.path)
+    dest = tmp_path / "cache-temp"
+    dest.touch()
+    opened: list[int] = []
+    real_open = os.open
+
+    def recording_open(path: object, flags: int, *args: int, **kwargs: object) -> int:
+        if str(path) == str(dest):
+            opened.append(flags)
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", recording_open)
+    store.get_blob(blob.digest, dest, size=blob.size)
+    monkeypatch.undo()
+    assert dest.read_bytes() == blob.path.read_bytes()
+    assert opened
+    assert not any(flags & os.O_TRUNC for flags in opened), opened

@@ -76,6 +76,21 @@ def test_large_blob_round_trip(
     assert dest.stat().st_size == large_blob.size
 
 
+@EACH_BACKEND
+@pytest.mark.parametrize("size", [0, 5000])
+def test_get_blob_replaces_what_the_destination_held(
+    store: Store, tmp_path: Path, size: int
+) -> None:
+    """A destination that already holds other, longer bytes ends up holding the blob alone
+    (the S3 store opens it without O_TRUNC and sets its size itself)."""
+    blob = make_blob(tmp_path, size)
+    store.put_blob(blob.digest, blob.path)
+    dest = tmp_path / "dest.tmp"
+    dest.write_bytes(b"stale" * 4000)
+    store.get_blob(blob.digest, dest, size=size)
+    assert dest.read_bytes() == blob.path.read_bytes()
+
+
 def test_put_blob_is_idempotent(store: Store, tmp_path: Path) -> None:
     blob = make_blob(tmp_path, 1000)
     store.put_blob(blob.digest, blob.path)
