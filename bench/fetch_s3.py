@@ -21,7 +21,10 @@ registry in a temp dir). Then, in interleaved rounds (median of ROUNDS), wall cl
 with, for each, the client's CPU seconds (user + system), the server's CPU seconds, and the
 peak RSS of the processes started (enginectl, aws, s5cmd). CPU seconds are the steadier
 number on a shared 2-core machine: the client and the server compete for the same cores.
-Outputs are removed after every run.
+Outputs are removed after every run. Each round starts one case later than the round before
+(a rotation), so that over as many rounds as cases each case runs once in every position:
+the server's leftover work from whatever ran just before is not always charged to the same
+case.
 
 Targets: (a) at least as fast as (d) s5cmd, at no more than 1.1 × s5cmd's client CPU per
 GiB, with a peak RSS under 64 MiB; at least 0.8 × the speed of (f); (a) not slower than (b)
@@ -215,7 +218,9 @@ def main() -> None:  # noqa: PLR0912, PLR0915 - one linear script reads best
             samples[hit] = []
         server_cpu: dict[str, list[float]] = {name: [] for name in samples}
         for i in range(args.rounds):
-            for name, label, case in cases:
+            # Each round starts one case later: over len(cases) rounds each case runs once in
+            # each position, so the server's leftover work from the case before is shared.
+            for name, label, case in cases[i % len(cases):] + cases[:i % len(cases)]:
                 log(f"round {i + 1}/{args.rounds}: {name} (load {loadavg()})")
                 dest = tmp / f"out-{label}-{i}"
                 if label in ("a", "a2", "a0"):
