@@ -176,9 +176,9 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
     settings = Settings.from_env()
     try:
         with ctx:
-            done = None
+            probed, done = None, None
             if executor == "local" and not (force or dry_run):
-                done = _remembered_noop(recipe, ctx, settings, only=only, echo=echo)
+                probed, done = _remembered_noop(recipe, ctx, settings, only=only, echo=echo)
             if done is not None:
                 stages, summary, promotions = done[0], done[1], []
             else:
@@ -190,7 +190,8 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
                                           keep_going=keep_going, dry_run=dry_run,
                                           keep_work=keep_work, echo=echo,
                                           live=sys.stdout.isatty() and not quiet,
-                                          run_on=executor, address=address))
+                                          run_on=executor, address=address),
+                                      probed=probed)
                 stages, summary, promotions = (result.plan.stages, result.summary,
                                                result.promotions)
     except BuildCancelledError as exc:
@@ -215,22 +216,30 @@ def build(recipe: Path, jobs: int, only: str | None, force: bool, keep_going: bo
 
 
 def _remembered_noop(recipe: Path, ctx: Any, settings: Any, *, only: str | None,
-                     echo: Any) -> tuple[Any, Any] | None:
+                     echo: Any) -> tuple[Any, tuple[Any, Any] | None]:
     """A build with nothing to do, from the plan a build remembered
-    (`pipeline.executors.noop.remembered_noop`), said as `build_recipe` says it: the plan's
-    stage runs and the summary; None when the build must plan."""
+    (`pipeline.executors.noop.remembered_noop`), said as `build_recipe` says it: this
+    machine's probe, which the build takes instead of probing again (None when it raised:
+    the build probes again and says it in its own order), and the plan's stage runs and the
+    summary (None when the build must plan)."""
     from pipeline.executors.noop import remembered_noop
     from pipeline.executors.view import describe
+    from pipeline.planning.plan_cache import cache_dir
+    from pipeline.planning.probe import probe
 
-    done = remembered_noop(recipe, settings=settings, registry_url=ctx.config.registry_url,
-                           only=only)
+    try:
+        found = probe(settings, remember=cache_dir(settings))
+    except Exception:  # noqa: BLE001 - said by the build, after what it finds in the recipe
+        return None, None
+    done = remembered_noop(recipe, found, settings=settings,
+                           registry_url=ctx.config.registry_url, only=only)
     if done is None:
-        return None
+        return found, None
     ctx.begin(store=False)  # nothing is read from the store, nor written
     if echo is not None:
         for outcome in done[1].outcomes:
             echo(describe(outcome))
-    return done[0].stages, done[1]
+    return found, (done[0].stages, done[1])
 
 
 def _raise_if_failed(summary: Any) -> None:

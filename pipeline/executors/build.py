@@ -42,6 +42,7 @@ def build_recipe(
     options: BuildOptions | None = None,
     loaded: LoadedRecipe | None = None,
     planned: Planned | None = None,
+    probed: Probe | None = None,
 ) -> BuildResult:
     """Build what *recipe* needs that the registry lacks (see the module doc), in the
     registry of *ctx* (which its caller made and closes) with *settings*, as *options* say
@@ -59,7 +60,8 @@ def build_recipe(
     says whether the toolchain probes are recorded (None: unless a local dry run; a Ray dry
     run records what it probed). *planned* is what an earlier build of the same recipe (a
     dry run) probed and planned (`BuildResult.planned`): nothing is probed or planned
-    again."""
+    again. *probed* is this machine's probe, taken a moment ago by the same process (the
+    first try at a no-op, `pipeline.executors.noop.remembered_noop`): not taken again."""
     options = options or BuildOptions()
     if options.run_on == "ray":  # a Ray cluster's pools; Ray is imported only there
         from pipeline.executors.ray_build import build_on_ray
@@ -71,7 +73,8 @@ def build_recipe(
         # a build that reads the recipe itself remembers its plan, and vLLM's probe, for the
         # builds after it (`pipeline.planning.plan_cache`); a dry run writes nothing
         remember = loaded is None and not options.dry_run
-        probing = _Probing(settings, remember=cache_dir(settings) if remember else None)
+        probing = _Probing(settings, remember=cache_dir(settings) if remember else None,
+                           taken=probed)
         started, raw = time.time(), None
         try:
             if remember:
@@ -105,13 +108,16 @@ def build_recipe(
 
 class _Probing:
     """This machine's probe (`probe`), asked in a thread of its own from the start: most of
-    it is waiting on other programs, which overlaps with reading the recipe."""
+    it is waiting on other programs, which overlaps with reading the recipe. *taken*: the
+    probe this process took a moment ago, the answer without asking again."""
 
-    def __init__(self, settings: Settings, *, remember: Path | None) -> None:
-        self._answer: list[Probe | BaseException] = []
-        self._thread = threading.Thread(target=self._ask, args=(settings, remember),
-                                        name="probe", daemon=True)
-        self._thread.start()
+    def __init__(self, settings: Settings, *, remember: Path | None,
+                 taken: Probe | None = None) -> None:
+        self._answer: list[Probe | BaseException] = [] if taken is None else [taken]
+        self._thread = None if taken is not None else threading.Thread(
+            target=self._ask, args=(settings, remember), name="probe", daemon=True)
+        if self._thread is not None:
+            self._thread.start()
 
     def _ask(self, settings: Settings, remember: Path | None) -> None:
         try:
@@ -120,10 +126,11 @@ class _Probing:
             self._answer.append(exc)
 
     def join(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def result(self) -> Probe:
-        self._thread.join()
+        self.join()
         answer = self._answer[0]
         if isinstance(answer, BaseException):
             raise answer

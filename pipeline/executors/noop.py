@@ -21,8 +21,9 @@ at the schema head (one to migrate, or to refuse). An unchanged probe is not rec
 Reads only; pure apart from `build_state` and the smoke check of
 `pipeline.serving.smoke_here.unavailable`.
 
-`remembered_noop` is `enginectl build`'s first try: this machine's probe (every time), the
-plan a build remembered (`pipeline.planning.plan_cache`, taken only while nothing it depends
+`remembered_noop` is `enginectl build`'s first try: this machine's probe (taken every time,
+by the caller, which hands it to the full path when this answers None), the plan a build
+remembered (`pipeline.planning.plan_cache`, taken only while nothing it depends
 on changed, that probe included) and `noop_summary`, without reading the recipe with
 pydantic or planning; anything else takes `pipeline.executors.build.build_recipe`.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.planning.channels import Channel
 from pipeline.planning.outcome import BuildSummary, Outcome, awaits_smoke, pending_smoke
@@ -39,6 +41,9 @@ from pipeline.planning.toolchain import Toolchain
 from pipeline.settings import Settings
 from registry.errors import RegistryError
 from registry.sql.lookup import BuildState, build_state
+
+if TYPE_CHECKING:
+    from pipeline.planning.probe import Probe
 
 
 def noop_summary(plan: PlanFacts, keys: set[str], *, settings: Settings, toolchain: Toolchain,
@@ -117,22 +122,18 @@ def outcomes(plan: PlanFacts, keys: set[str], state: BuildState, *, settings: Se
     return BuildSummary(reused + smoked)
 
 
-def remembered_noop(recipe: Path, *, settings: Settings, registry_url: str,
+def remembered_noop(recipe: Path, found: Probe, *, settings: Settings, registry_url: str,
                     only: str | None) -> tuple[PlanFacts, BuildSummary] | None:
     """A local build of *recipe* (the targets matching *only*) with nothing to do, answered
-    from the plan a build remembered (`pipeline.planning.plan_cache`) and this machine's
-    probe, taken now (its vLLM part remembered per Python: `runtimes.remembered_vllm_in`):
-    the plan's facts and the summary, or None when the plan must be made from the recipe
-    or there is work (`noop_summary`)."""
+    from the plan a build remembered (`pipeline.planning.plan_cache`) and *found*, this
+    machine's probe taken now (`pipeline.planning.probe.probe`, its Pythons' parts
+    remembered per Python): the plan's facts and the summary, or None when the plan must be
+    made from the recipe or there is work (`noop_summary`)."""
     import socket
 
-    from pipeline.planning.plan_cache import cache_dir, remembered_plan
-    from pipeline.planning.probe import local_pool, probe
+    from pipeline.planning.plan_cache import remembered_plan
+    from pipeline.planning.probe import local_pool
 
-    try:
-        found = probe(settings, remember=cache_dir(settings))
-    except Exception:  # noqa: BLE001 - the full path probes again and says it in its order
-        return None
     plan = remembered_plan(recipe, settings, found.toolchain)
     if plan is None:
         return None

@@ -1,7 +1,8 @@
 """A no-op build from the plan a build remembered (`pipeline.planning.plan_cache`) says byte
 for byte what a build that plans says, without pydantic; `plan` and a dry run remember
-nothing; a corrupt file is planned again; a driver bump still rebuilds; vLLM's probe is
-remembered until what its Python has installed changes."""
+nothing; a corrupt file is planned again; a driver bump still rebuilds; a build that must plan
+probes this machine once; vLLM's probe is remembered until what its Python has installed
+changes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.planning.file_stats import RACY_S
-from tests.helpers import fake_gpu
+from tests.helpers import FAKES, fake_gpu
 from tests.integration.builds import build, write_recipe
 
 # `enginectl ARGS` as the console script runs it; prints its exit code and which heavy
@@ -102,6 +103,41 @@ def test_a_driver_bump_rebuilds_what_a_remembered_plan_reused(env: dict[str, str
     bumped = json.loads(build(gpu, recipe, "--json", "--only", "*/small/trtllm").stdout)
     rebuilt = {s["stage"] for s in bumped["stages"] if s["status"] == "built"}
     assert "build" in rebuilt  # the engine is keyed with the driver
+
+
+def _logging_nvidia_smi(directory: Path, log: Path) -> Path:
+    """A directory whose `nvidia-smi` writes its arguments to *log*, then runs the stand-in."""
+    directory.mkdir(parents=True, exist_ok=True)
+    wrapper = directory / "nvidia-smi"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n'
+                       f'exec "{FAKES / "bin" / "nvidia-smi"}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    return directory
+
+
+def test_a_build_that_must_plan_takes_the_probe_its_first_try_took(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """A build first tries the remembered no-op, which probes this machine; when it must plan
+    after all, it takes that probe instead of asking nvidia-smi and both Pythons again."""
+    recipe = settled(tmp_path)
+    log = tmp_path / "nvidia-smi.log"
+    logged = {**env, "PATH": f"{_logging_nvidia_smi(tmp_path / 'bin', log)}{os.pathsep}"
+                             f"{env['PATH']}"}
+    build(logged, recipe, "--json")
+
+    def probes_by_a_noop() -> int:
+        log.write_text("", encoding="utf-8")
+        out, _, _ = enginectl(logged, "-q", "build", str(recipe), "--json")
+        assert json.loads(out)["built"] == 0
+        return sum("--query-gpu=name,driver_version" in line
+                   for line in log.read_text(encoding="utf-8").splitlines())
+
+    remembered = probes_by_a_noop()
+    for entry in plans(env).iterdir():
+        entry.unlink()
+    planned = probes_by_a_noop()  # the first try misses: the build plans from the recipe
+    assert remembered >= 1
+    assert planned == remembered
 
 
 def _fake_vllm_python(root: Path, version: str) -> Path:
