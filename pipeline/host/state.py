@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any, Final
 
 SCHEMA: Final = 2  # what a remembered answer's file holds; another is a miss
-RACY_S: Final = 2.0  # a directory changed this recently may change again within its tick
+RACY_S: Final = 2.0
+"""A file or directory changed this recently may change again within its mtime's tick: what
+was read of it is not remembered (here, and `pipeline.planning.file_stats`'s signatures)."""
 _LISTED: Final = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-RACY_S = 2.0  # a file changed this recently may change again within its mtime's tick
+from pipeline.host.state import RACY_S  # the one window, for a Python's memo too
+
+__all__ = ["RACY_S", "file_signature", "tree_signature"]
 
 
 def _stat_of(path: Path) -> tuple[tuple[int, int, int, int], float]:
