@@ -259,7 +259,9 @@ def test_a_trickled_body_wakes_the_splice_path_once_per_half_pipe(
     (a poll that does not wait, a splice retried on EAGAIN, a low-water mark not kept)
     would count hundreds or thousands per MiB: on a busy 2-core machine every such turn is
     CPU taken from the server. Counted, not timed; with the mark at 1 byte (the second
-    case) the count is what gathering saves, and the body lands whole either way."""
+    case) the counters still see a poll per turn (how many turns then depends on how the
+    machine schedules the reader, so only the floor is held), and the body lands whole
+    either way."""
     monkeypatch.setattr(s3splice, "GATHER_BYTES", gather)
     calls = {"poll": 0, "splice": 0}
     real_poll, real_splice = select.poll, os.splice
@@ -302,5 +304,5 @@ def test_a_trickled_body_wakes_the_splice_path_once_per_half_pipe(
     if gather > 1:
         assert calls["poll"] <= 2 * mib + 1, calls
         assert calls["splice"] <= 2 * calls["poll"], calls
-    else:
-        assert calls["poll"] > 8 * mib, calls  # what the mark saves, so the count means it
+    else:  # the counters see every turn: one poll per splice into the pipe, <= 1 MiB each
+        assert calls["poll"] >= mib, calls
