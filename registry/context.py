@@ -60,24 +60,21 @@ class Context:
     def store(self) -> Store:
         from registry.store.opener import open_store
 
-        if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
-            self._check_home()
+        self._check_home_unless_set("store_url")
         return open_store(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
 
     def check_store(self) -> None:
         """The store's settings as `store` checks them, without opening it (no boto3)."""
         from registry.store.opener import check_store_url
 
-        if "ENGINECTL_STORE_URL" not in self.config.origins.get("store_url", ""):
-            self._check_home()
+        self._check_home_unless_set("store_url")
         check_store_url(self.config.store_url, s3_endpoint_url=self.config.s3_endpoint_url)
 
     @cached_property
     def registry(self) -> Registry:
         from registry.sql.db import open_registry
 
-        if "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
-            self._check_home()
+        self._check_home_unless_set("registry_url")
         return open_registry(self.config.registry_url, readonly=self.readonly,
                              retry_s=self.config.registry_retry_s)
 
@@ -92,8 +89,8 @@ class Context:
 
         if not self.readonly:
             self.registry  # noqa: B018 - creates or migrates it, as before
-        elif "ENGINECTL_REGISTRY_URL" not in self.config.origins.get("registry_url", ""):
-            self._check_home()
+        else:
+            self._check_home_unless_set("registry_url")
         return HeldReader(self.config.registry_url, self.config.registry_retry_s)
 
     @cached_property
@@ -102,9 +99,12 @@ class Context:
                         variable="ENGINECTL_CACHE_DIR")
         return BlobCache(self.config.cache_dir, self.config.legacy_cache_dirs)
 
-    def _check_home(self) -> None:
-        """The default store and registry live in the home: it must be a directory."""
-        check_directory(self.config.home, what="enginectl's home", variable="ENGINECTL_HOME")
+    def _check_home_unless_set(self, setting: str) -> None:
+        """The default store and registry live in the home: it must be a directory when
+        *setting* (store_url, registry_url) is not set by its ENGINECTL_ variable."""
+        if f"ENGINECTL_{setting.upper()}" not in self.config.origins.get(setting, ""):
+            check_directory(self.config.home, what="enginectl's home",
+                            variable="ENGINECTL_HOME")
 
     def close(self) -> None:
         """Close the registry's connections, if it was opened (idempotent)."""
