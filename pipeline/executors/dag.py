@@ -21,7 +21,8 @@ from typing import Protocol
 
 from pipeline.executors.stage import reused
 from pipeline.planning.outcome import BuildSummary, Outcome
-from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.plan import Plan
+from pipeline.planning.stage_run import StageRun
 from registry.context import Context
 from registry.sql import leases, records
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pipeline.executors.pools import CPU_POOL, NodeInfo, placement, resource
-from pipeline.planning.plan import Plan, PlannedTarget, StageRun, plan_recipe
+from pipeline.planning.plan import Plan, PlannedTarget, plan_recipe
+from pipeline.planning.stage_run import StageRun
 from pipeline.planning.toolchain import PoolToolchains, Toolchain
 from pipeline.recipe.reader import LoadedRecipe
 from pipeline.settings import Settings

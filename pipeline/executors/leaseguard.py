@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.errors import StageError
 from pipeline.host.runner import CANCEL_GRACE_S, stop_logging_to
-from pipeline.planning.plan import StageRun
+from pipeline.planning.stage_run import StageRun
 from registry.sql.db import Registry
 from registry.sql.heartbeat import Heartbeat
 

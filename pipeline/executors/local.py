@@ -28,7 +28,8 @@ from typing import Final
 from pipeline.executors.stage import CANCELLED, StageWorker, WorkerSite
 from pipeline.host.runner import CANCEL_GRACE_S, stop_all
 from pipeline.planning.outcome import Outcome
-from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.plan import Plan
+from pipeline.planning.stage_run import StageRun
 from pipeline.settings import Settings
 from registry.context import Context
 

@@ -28,7 +28,8 @@ from typing import Any, Final
 
 from pipeline.errors import MachineError
 from pipeline.planning.capacity import GpuNeed, NodeGpus, Shortfall, run_need, shortfall
-from pipeline.planning.plan import KIND_ENGINE, Plan, StageRun
+from pipeline.planning.plan import KIND_ENGINE, Plan
+from pipeline.planning.stage_run import StageRun
 from pipeline.recipe.schema import Recipe
 from registry.gpus import UnknownGpuError, lookup_gpu
 

@@ -39,7 +39,8 @@ from pipeline.executors.pools import CPU_POOL, NodeInfo, placement, stage_timeou
 from pipeline.executors.ray_tasks import TaskSpec, kill_worker, probe_node, run_stage
 from pipeline.planning.keys import short_key
 from pipeline.planning.outcome import Outcome
-from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.plan import Plan
+from pipeline.planning.stage_run import StageRun
 from pipeline.planning.toolchain import PoolToolchains, from_dict
 from registry.context import Context
 from registry.errors import EnginectlError, RegistryError

@@ -38,7 +38,8 @@ from registry.sql.refit_verdict import KIND, held_back
 from registry.tokenizer import TOKENIZER_DIR
 
 if TYPE_CHECKING:
-    from pipeline.planning.plan import Plan, StageRun
+    from pipeline.planning.plan import Plan
+    from pipeline.planning.stage_run import StageRun
     from pipeline.serving.loadgen import LoadLevel
     from registry.context import Context
 

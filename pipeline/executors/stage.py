@@ -44,7 +44,8 @@ from pipeline.executors.work import StageJob, produce_output
 from pipeline.executors.workdirs import WorkDirs
 from pipeline.planning.capacity import on_this_node, run_need, shortfall
 from pipeline.planning.outcome import Outcome, awaits_smoke, pending_smoke
-from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.plan import Plan
+from pipeline.planning.stage_run import StageRun
 from pipeline.settings import Settings
 from registry.context import Context
 from registry.ops import history, logs

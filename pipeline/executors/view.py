@@ -25,7 +25,8 @@ from registry.progress import Echo
 
 if TYPE_CHECKING:  # the plan: a no-op build says what it reused without the recipe's model
     from pipeline.executors.dag import Backend
-    from pipeline.planning.plan import Plan, StageRun
+    from pipeline.planning.plan import Plan
+    from pipeline.planning.stage_run import StageRun
     from pipeline.serving.promote import Promotion
     from registry.sql.records import ArtifactRecord
 

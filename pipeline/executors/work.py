@@ -28,7 +28,8 @@ from typing import Any
 
 from pipeline.errors import StageError
 from pipeline.host.runner import log_tail, run_process
-from pipeline.planning.plan import Plan, PlannedTarget, StageRun
+from pipeline.planning.plan import Plan, PlannedTarget
+from pipeline.planning.stage_run import StageRun
 from pipeline.settings import Settings
 from pipeline.stages.build import plugin_mismatches
 from pipeline.stages.refit import SOURCE_LABEL, STRIP_LABEL, is_stripped

@@ -19,7 +19,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from pipeline.planning.plan import Plan, StageRun
+from pipeline.planning.plan import Plan
+from pipeline.planning.stage_run import StageRun
 from registry.identity.manifest import Manifest
 from registry.store.base import Store
 

@@ -29,7 +29,8 @@ from pipeline.errors import MachineError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from pipeline.planning.plan import Plan, StageRun
+    from pipeline.planning.plan import Plan
+    from pipeline.planning.stage_run import StageRun
 
 CPU: Final = "CPU"
 

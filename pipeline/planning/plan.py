@@ -33,11 +33,6 @@ from pipeline.stages.serve import VllmServing, trtllm_serve_argv, vllm_argv
 from registry.identity.canonical import floats_as_strings
 from registry.tokenizer import TOKENIZER_DIR
 
-__all__ = [  # StageRun lives in pipeline.planning.stage_run; the executors import it from here
-    "ENTRY_KINDS", "KIND_ENGINE", "KIND_HF", "Plan", "PlannedTarget", "StageRun", "plan_recipe",
-    "selected_keys",
-]
-
 # What each stage run produces (DESIGN §1 profile kinds and intermediates).
 KIND_HF = "hf-checkpoint"
 KIND_QUANTIZED = "quantized-checkpoint"

@@ -26,7 +26,7 @@ from pipeline.stages.serve import vllm_form
 
 if TYPE_CHECKING:
     from pipeline.deploy.tokenizer import Tokenizer
-    from pipeline.planning.plan import StageRun
+    from pipeline.planning.stage_run import StageRun
     from pipeline.planning.toolchain import Toolchain
     from pipeline.recipe.schema import SmokeSettings
     from pipeline.serving.smoke import SmokeReport
